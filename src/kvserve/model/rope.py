@@ -1,0 +1,51 @@
+"""Rotary position embeddings, and ``rope_shift``: re-rotating cached keys by a position delta.
+
+Keys are cached *after* rotation. Rotations compose, R(p + d) = R(d) · R(p), so moving a cached
+key from position p to p + d is one more rotation by d: no recomputation of the token.
+Angles are computed in float64 so that R(d)·R(p) matches R(p + d) to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import RopeStyle
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, rope_dim: int, base: float, scale: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape [T, rope_dim // 2] for integer (possibly negative) positions."""
+    inv_freq = 1.0 / (
+        base ** (torch.arange(0, rope_dim, 2, dtype=torch.float64, device=positions.device) / rope_dim)
+    )
+    angles = (positions.to(torch.float64) / scale)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    """Rotate x [T, H, D] (first rope_dim dims) by per-token angles cos/sin [T, rope_dim // 2]."""
+    rd = cos.shape[-1] * 2
+    xr, rest = x[..., :rd], x[..., rd:]
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    if style == "neox":
+        x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
+        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    else:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+    if rest.shape[-1]:
+        out = torch.cat([out, rest], dim=-1)
+    return out
+
+
+def rope_shift(
+    keys: torch.Tensor, delta: int, rope_dim: int, base: float, scale: float, style: RopeStyle
+) -> torch.Tensor:
+    """Keys [N, H, D] cached at positions p → the same keys as if computed at p + delta."""
+    if delta == 0:
+        return keys
+    pos = torch.full((keys.shape[0],), delta, dtype=torch.int64, device=keys.device)
+    cos, sin = rope_cos_sin(pos, rope_dim, base, scale, torch.float32)
+    return apply_rope(keys.float(), cos, sin, style).to(keys.dtype)
