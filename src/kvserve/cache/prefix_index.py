@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Hashable, Iterator, Sequence
+from typing import Callable, Hashable, Iterator, NamedTuple, Sequence
 
 from kvserve.cache.page_pool import PagePool
 from kvserve.cache.types import StopReason
@@ -79,6 +79,14 @@ class Match:
     n_hit: int
     nodes: tuple[Node, ...]
     stop_reason: StopReason
+
+
+class Inserted(NamedTuple):
+    """``node`` now holds the tokens (None: a redundant partial page was not added);
+    ``created``: the caller's page became that node (the index took its own reference)."""
+
+    node: Node | None
+    created: bool
 
 
 EvictHook = Callable[[Hashable, Tokens], None]
@@ -191,11 +199,11 @@ class PrefixIndex:
             n.last_used = self._clock
             self._push_if_evictable(n)
 
-    def insert(self, ns: Hashable, parent: Node | None, tokens: Tokens, page: int) -> Node | None:
+    def insert(self, ns: Hashable, parent: Node | None, tokens: Tokens, page: int) -> Inserted:
         """Add ``page`` (held by the caller) as the child of ``parent`` (None = root) covering
-        ``tokens``. Returns the node now holding those tokens: the new one (the index took
-        its own reference), an existing full sibling with the same tokens, or None when a
-        partial page is redundant. The caller's reference is never touched.
+        ``tokens``, unless a sibling already holds them (same full tokens: that sibling is
+        returned; a partial page that is a prefix of a sibling: None). The caller's own
+        reference is never touched.
         """
         ps = self.page_size
         if not 0 < len(tokens) <= ps:
@@ -213,7 +221,7 @@ class PrefixIndex:
                     break
         if existing is not None:
             self.touch([existing])
-            return existing if len(tokens) == ps else None
+            return Inserted(existing if len(tokens) == ps else None, False)
         # Shorter partial siblings this page covers are now redundant.
         for c in list(parent.by_first.get(tokens[0], ())):
             if len(c.tokens) < len(tokens) and tokens[:len(c.tokens)] == c.tokens:
@@ -224,7 +232,7 @@ class PrefixIndex:
         self._node_of_page[page] = node
         self.pool.index_hold(page, len(tokens))
         self.touch([node])
-        return node
+        return Inserted(node, True)
 
     def note_released(self, page: int) -> None:
         """A holder other than the index dropped ``page``; it may now be evictable."""

@@ -1,0 +1,288 @@
+"""``KVCacheManager``: the one object the scheduler talks to about KV pages.
+
+Life of a sequence (all calls on the engine thread, between runner steps)::
+
+    adm = begin(seq_id, ns, prompt, use_cache, n_cache_reuse)   # adm.moves run first
+    reserve(seq_id, n)            # before each step: page table covers positions [0, n)
+    ... runner step (moves, then forward) ...
+    publish(seq_id, tokens, n_computed)   # after each committed step: share full pages,
+                                          # release the sources pinned for earlier moves
+    shift(seq_id, n_keep, n_discard, n)   # context shift: returns moves for the next plan
+    finish(seq_id, tokens, n_computed, donate)   # end/cancel: donate, drop every reference
+
+Move contract (``Admission.moves`` and ``shift``'s result): the runner executes the moves of
+a plan in list order before any forward of that plan, and each move reads all its source
+rows before writing its destination rows (gather, then scatter). Source pages stay pinned
+until the sequence's next ``publish`` or ``finish``, so eviction cannot recycle them first.
+
+Written pages: a sequence writes only pages that are private to it (ref 1, not indexed).
+Positions below its published prefix are never written again; a shared page that must be
+extended is copied first (``cow_copies``).
+
+Donation covers KV that equals a from-scratch computation of its tokens: a sequence whose
+KV was shifted (``--cache-reuse`` chunks, context shift) donates only the exact prefix
+before the first shifted position, unless ``donate_approximate`` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+from kvserve.cache.moves import move
+from kvserve.cache.page_pool import OutOfPages, PagePool
+from kvserve.cache.prefix_index import Node, PrefixIndex
+from kvserve.cache.reuse import plan_chunk_reuse, trim_to
+from kvserve.cache.shift import plan_shift
+from kvserve.cache.types import Admission, CacheStats
+from kvserve.engine.plan import KVMove
+
+_NO_LIMIT = 1 << 62
+
+
+@dataclass
+class SeqState:
+    ns: Hashable
+    share: bool  # lookups, publish and donation allowed
+    pages: list[int] = field(default_factory=list)  # page table; one ref per entry
+    path: list[Node] = field(default_factory=list)  # published: path[i].page == pages[i]
+    pins: list[int] = field(default_factory=list)  # move sources; one ref per entry
+    n_exact: int = _NO_LIMIT  # KV of positions [0, n_exact) is exact (donatable)
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        n_pages: int,
+        page_size: int,
+        retain_limit_pages: int | None = None,
+        donate_approximate: bool = False,
+    ) -> None:
+        """``retain_limit_pages``: None = unbounded, 0 = kill switch (no lookup, publish or
+        donation: behaves exactly like a server without prefix caching)."""
+        self.pool = PagePool(n_pages, page_size)
+        self.index = PrefixIndex(self.pool)
+        self.page_size = page_size
+        self.retain_limit_pages = retain_limit_pages
+        self.donate_approximate = donate_approximate
+        self.seqs: dict[int, SeqState] = {}
+        self._c = {k: 0 for k in ("lookups", "hits", "prefix", "shift", "looked_up", "cow", "donated")}
+
+    @property
+    def enabled(self) -> bool:
+        return self.retain_limit_pages != 0
+
+    # -- admission -------------------------------------------------------------------------
+    def begin(
+        self,
+        seq_id: int,
+        namespace: Hashable,
+        tokens: Sequence[int],
+        use_cache: bool = True,
+        n_cache_reuse: int = 0,
+    ) -> Admission:
+        """Register a sequence and set up its cached prefix. All or nothing: raises
+        ``OutOfPages`` (nothing changed) when the copy-on-write pages cannot be found."""
+        if seq_id in self.seqs:
+            raise ValueError(f"sequence {seq_id} already active")
+        share = use_cache and self.enabled
+        if not share or not tokens:
+            self.seqs[seq_id] = SeqState(namespace, share)
+            return Admission(seq_id, 0, (), (), "disabled" if not share else "miss", 0, 0, 0)
+        ps = self.page_size
+        m = self.index.lookup(namespace, tokens, touch=True)
+        cache_nodes: list[Node] = list(m.nodes)
+        chunks = []
+        if n_cache_reuse > 0 and m.n_hit < len(tokens):
+            cache_nodes = cache_nodes[: m.n_hit // ps] + self.index.continuation(namespace, m)
+            cache_tokens = [t for n in cache_nodes for t in n.tokens]
+            chunks = plan_chunk_reuse(cache_tokens, tokens, m.n_hit, n_cache_reuse)
+        # Rule: at least one prompt token is evaluated.
+        n_prefix, chunks = trim_to(chunks, m.n_hit, len(tokens) - 1)
+        n_shift = sum(c.n for c in chunks)
+        n_cached = n_prefix + n_shift
+        n_full, r = divmod(n_prefix, ps)
+        # Pins: cache nodes read by the moves, contiguous from page n_full (closure: every
+        # pinned node's parent is held by this sequence too).
+        last_src = (max(c.src + c.n for c in chunks) - 1) // ps if chunks else n_full - (r == 0)
+        shared = [n.page for n in m.nodes[:n_full]]
+        pins = [n.page for n in cache_nodes[n_full:last_src + 1]]
+        for p in shared + pins:
+            self.pool.incref(p)
+        try:
+            fresh = self._alloc(-(-n_cached // ps) - n_full)
+        except OutOfPages:
+            for p in shared + pins:
+                self._release(p)
+            raise
+        pages = shared + fresh
+        cache_pages = [n.page for n in cache_nodes]
+        moves: list[KVMove] = []
+        if r:
+            moves.append(move(cache_pages, n_full * ps, pages, n_full * ps, r, ps))
+        moves += [move(cache_pages, c.src, pages, c.dst, c.n, ps) for c in chunks]
+        if pins:
+            self.index.touch(cache_nodes[n_full:last_src + 1])
+        seq = SeqState(namespace, True, pages, list(m.nodes[:n_full]), pins)
+        if chunks and not self.donate_approximate:
+            seq.n_exact = n_prefix
+        self.seqs[seq_id] = seq
+        c = self._c
+        c["lookups"] += 1
+        c["hits"] += n_cached > 0
+        c["prefix"] += n_prefix
+        c["shift"] += n_shift
+        c["looked_up"] += len(tokens)
+        c["cow"] += r > 0
+        return Admission(seq_id, n_cached, tuple(pages), tuple(moves), m.stop_reason, m.n_hit,
+                         n_prefix, n_shift)
+
+    def reserve(self, seq_id: int, n_total_tokens: int) -> list[int]:
+        """Grow the page table to cover positions ``[0, n_total_tokens)`` (never shrinks);
+        evicts LRU retained pages if needed. Raises ``OutOfPages`` with nothing changed."""
+        seq = self.seqs[seq_id]
+        need = -(-n_total_tokens // self.page_size) - len(seq.pages)
+        if need > 0:
+            seq.pages += self._alloc(need)
+        return list(seq.pages)
+
+    def page_table(self, seq_id: int) -> tuple[int, ...]:
+        """Current page table; re-read it for every plan (publish may swap in shared pages)."""
+        return tuple(self.seqs[seq_id].pages)
+
+    # -- sharing ---------------------------------------------------------------------------
+    def publish(self, seq_id: int, tokens: Sequence[int], n_computed: int) -> int:
+        """After a committed step: make the full pages of positions ``[0, n_computed)``
+        findable, and release the sources pinned for this sequence's earlier moves.
+        Idempotent; O(new pages). ``tokens`` is the sequence's token list (prompt +
+        generated, compacted after a shift). Returns the number of published pages.
+
+        A page whose tokens are already indexed under the same parent (another sequence
+        published it first) is replaced in the page table by the indexed page (same KV),
+        and the private copy is freed.
+        """
+        seq = self.seqs[seq_id]
+        self._unpin(seq)
+        if seq.share:
+            self._publish_full(seq, tokens, n_computed)
+        self._enforce_budget()
+        return len(seq.path)
+
+    def finish(self, seq_id: int, tokens: Sequence[int], n_computed: int, donate: bool = True) -> int:
+        """End (or cancel) a sequence: donate positions ``[0, n_computed)`` (prompt and
+        generated tokens, the last partial page too) unless ``donate`` is false, then drop
+        all its references. Returns the number of pages that became new index nodes."""
+        seq = self.seqs.pop(seq_id)
+        self._unpin(seq)
+        before = self._c["donated"]
+        if donate and seq.share:
+            n = self._publish_full(seq, tokens, n_computed)
+            i, r = divmod(n, self.page_size)
+            if r and len(seq.path) == i and self.pool.is_private(seq.pages[i]):
+                parent = seq.path[-1] if seq.path else None
+                part = tuple(tokens[i * self.page_size:n])
+                self._c["donated"] += self.index.insert(seq.ns, parent, part, seq.pages[i]).created
+        for p in seq.pages:
+            self._release(p)
+        self._enforce_budget()
+        return self._c["donated"] - before
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int, n_tokens: int) -> list[KVMove]:
+        """Context shift of positions ``[0, n_tokens)``: drop ``[n_keep, n_keep + n_discard)``
+        and move the rest left by ``n_discard``. Returns the moves for the next plan; the
+        page table then covers ``n_tokens - n_discard`` positions. Raises ``OutOfPages``
+        (nothing changed) when shared pages cannot be copied."""
+        seq = self.seqs[seq_id]
+        plan = plan_shift(seq.pages, n_keep, n_discard, n_tokens, self.page_size,
+                          self.pool.is_private, self._alloc)
+        if n_discard == 0:
+            return []  # nothing moves; the page table is unchanged
+        self._c["cow"] += plan.n_fresh
+        seq.pins += plan.dropped  # their page-table references become pins
+        seq.pages = plan.pages
+        del seq.path[n_keep // self.page_size:]
+        if not self.donate_approximate:
+            seq.n_exact = min(seq.n_exact, n_keep)
+        self._enforce_budget()
+        return plan.moves
+
+    def lookup_len(self, namespace: Hashable, tokens: Sequence[int]) -> int:
+        """Matched prefix length (raw, before the n-1 rule); no refs taken, no LRU touch."""
+        if not self.enabled:
+            return 0
+        return self.index.lookup(namespace, tokens, touch=False).n_hit
+
+    def erase_namespace(self, namespace: Hashable) -> int:
+        """Forget every indexed page of ``namespace``; running sequences keep their pages."""
+        for seq in self.seqs.values():
+            if seq.ns == namespace:
+                seq.path.clear()
+        return self.index.erase_namespace(namespace)
+
+    def clear(self) -> int:
+        for seq in self.seqs.values():
+            seq.path.clear()
+        return self.index.clear()
+
+    # -- observability ---------------------------------------------------------------------
+    def stats(self) -> CacheStats:
+        c, pool = self._c, self.pool
+        in_use = pool.n_pages - pool.n_free - pool.n_retained
+        return CacheStats(c["lookups"], c["hits"], c["prefix"], c["shift"], c["looked_up"],
+                          c["cow"], c["donated"], self.index.n_evicted, pool.n_retained,
+                          pool.n_retained_tokens, pool.n_free, in_use, len(self.index))
+
+    @property
+    def n_available_pages(self) -> int:
+        """Pages ``reserve`` can obtain right now: free plus evictable retained pages."""
+        return self.pool.n_free + self.pool.n_retained
+
+    def check_integrity(self) -> None:
+        from kvserve.cache.invariants import check_integrity
+
+        check_integrity(self)
+
+    # -- internals -------------------------------------------------------------------------
+    def _alloc(self, n: int) -> list[int]:
+        if n <= 0:
+            return []
+        if self.pool.n_free < n:
+            if self.pool.n_free + self.pool.n_retained < n:
+                raise OutOfPages(n, self.pool.n_free + self.pool.n_retained)
+            self.index.evict(n - self.pool.n_free)
+        return self.pool.alloc(n)
+
+    def _release(self, page: int) -> None:
+        self.pool.decref(page)
+        if self.pool.is_retained(page):
+            self.index.note_released(page)
+
+    def _unpin(self, seq: SeqState) -> None:
+        pins, seq.pins = seq.pins, []
+        for p in pins:
+            self._release(p)
+
+    def _publish_full(self, seq: SeqState, tokens: Sequence[int], n_computed: int) -> int:
+        """Index full pages of ``[0, n)``, n = min(n_computed, n_exact); returns n."""
+        ps = self.page_size
+        n = min(n_computed, seq.n_exact)
+        if n > len(tokens) or n > len(seq.pages) * ps:
+            raise ValueError(f"n_computed={n_computed} beyond the sequence's tokens or pages")
+        for i in range(len(seq.path), n // ps):
+            parent = seq.path[-1] if seq.path else None
+            node, created = self.index.insert(seq.ns, parent, tuple(tokens[i * ps:(i + 1) * ps]),
+                                              seq.pages[i])
+            assert node is not None
+            if created:
+                self._c["donated"] += 1
+            elif node.page != seq.pages[i]:  # same tokens already indexed: share that page
+                self.pool.incref(node.page)
+                old, seq.pages[i] = seq.pages[i], node.page
+                self._release(old)
+            seq.path.append(node)
+        return n
+
+    def _enforce_budget(self) -> None:
+        limit = self.retain_limit_pages
+        if limit is not None and self.pool.n_retained > limit:
+            self.index.evict(self.pool.n_retained - limit)
