@@ -9,9 +9,11 @@ its rows ``[0, len(tokens))`` read ``(tokens[r], d * page_size + r)``.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
+from kvserve.cache.manager import KVCacheManager
 from kvserve.cache.prefix_index import PrefixIndex
+from kvserve.cache.types import Admission
 from kvserve.engine.plan import KVMove
 
 Row = tuple[int, int] | None
@@ -68,3 +70,71 @@ class KVSim:
                 want = (tok, node.depth * ps + r)
                 got = self.rows[node.page][r]
                 assert got == want, f"index page {node.page} row {r}: {got} != {want}"
+
+
+class SimDriver:
+    """Drives a ``KVCacheManager`` the way the scheduler does, checking rows with ``KVSim``:
+    after ``begin`` (moves applied) and after every computed chunk, the sequence's rows must
+    read its tokens at their positions, and writes may only hit private pages."""
+
+    def __init__(self, mgr: KVCacheManager) -> None:
+        self.mgr = mgr
+        self.kv = KVSim(mgr.pool.n_pages, mgr.page_size, writable=mgr.pool.is_private)
+
+    def begin(
+        self, seq_id: int, ns: Hashable, tokens: Sequence[int], use_cache: bool = True, n_cache_reuse: int = 0
+    ) -> Admission:
+        adm = self.mgr.begin(seq_id, ns, tokens, use_cache, n_cache_reuse)
+        for mv in adm.moves:
+            self.kv.apply(mv)
+        self.kv.assert_seq(adm.page_table, tokens, adm.n_cached)
+        return adm
+
+    def compute(self, seq_id: int, tokens: Sequence[int], start: int, end: int, publish: bool = True) -> None:
+        """One step: reserve, forward positions ``[start, end)``, then publish."""
+        self.mgr.reserve(seq_id, end)
+        pt = self.mgr.page_table(seq_id)
+        self.kv.forward(pt, tokens, start, end)
+        self.kv.assert_seq(pt, tokens, end)
+        if publish:
+            self.mgr.publish(seq_id, tokens, end)
+            self.kv.assert_seq(self.mgr.page_table(seq_id), tokens, end)
+
+    def shift(self, seq_id: int, tokens: list[int], n_keep: int, n_discard: int) -> list[int]:
+        """Context shift of a sequence whose ``len(tokens)`` positions are all computed;
+        returns the compacted token list."""
+        moves = self.mgr.shift(seq_id, n_keep, n_discard, len(tokens))
+        for mv in moves:
+            self.kv.apply(mv)
+        new = tokens[:n_keep] + tokens[n_keep + n_discard :]
+        self.kv.assert_seq(self.mgr.page_table(seq_id), new, len(new))
+        return new
+
+    def request(
+        self,
+        seq_id: int,
+        ns: Hashable,
+        prompt: Sequence[int],
+        generated: Sequence[int] = (),
+        use_cache: bool = True,
+        n_cache_reuse: int = 0,
+        chunk: int = 0,
+    ) -> Admission:
+        """A whole request: prompt (in chunks of ``chunk`` tokens, 0 = at once), then one step
+        per generated token (the last sampled token is never computed), then finish."""
+        adm = self.begin(seq_id, ns, prompt, use_cache, n_cache_reuse)
+        toks = list(prompt)
+        pos = adm.n_cached
+        while pos < len(toks):
+            end = len(toks) if chunk <= 0 else min(len(toks), pos + chunk)
+            self.compute(seq_id, toks, pos, end)
+            pos = end
+        for t in generated:
+            toks.append(t)
+            if len(toks) - 1 > pos:
+                self.compute(seq_id, toks, pos, len(toks) - 1)
+                pos = len(toks) - 1
+        self.mgr.finish(seq_id, toks, pos, donate=use_cache)
+        self.kv.assert_index(self.mgr.index)
+        self.mgr.check_integrity()
+        return adm

@@ -12,8 +12,13 @@ Life of a sequence (all calls on the engine thread, between runner steps)::
 
 Move contract (``Admission.moves`` and ``shift``'s result): the runner executes the moves of
 a plan in list order before any forward of that plan, and each move reads all its source
-rows before writing its destination rows (gather, then scatter). Source pages stay pinned
-until the sequence's next ``publish`` or ``finish``, so eviction cannot recycle them first.
+rows before writing its destination rows (gather, then scatter). A sequence's moves must
+run no later than its next forward (in that plan or an earlier one). Their source pages
+stay pinned (eviction cannot recycle them) until ``publish``/``finish`` reports
+``n_computed`` beyond the length the sequence had when the moves were issued: that proves a
+forward, and so the moves, ran. Until then nothing new of the sequence is published or
+donated (a request cancelled right after ``begin`` donates nothing, whatever ``n_computed``
+says).
 
 Written pages: a sequence writes only pages that are private to it (ref 1, not indexed).
 Positions below its published prefix are never written again; a shared page that must be
@@ -26,13 +31,12 @@ before the first shifted position, unless ``donate_approximate`` is set.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
 
-from kvserve.cache.moves import move
+from kvserve.cache.admission import plan_admission
 from kvserve.cache.page_pool import OutOfPages, PagePool
 from kvserve.cache.prefix_index import Node, PrefixIndex
-from kvserve.cache.reuse import plan_chunk_reuse, trim_to
 from kvserve.cache.shift import plan_shift
 from kvserve.cache.types import Admission, CacheStats
 from kvserve.engine.plan import KVMove
@@ -48,6 +52,10 @@ class SeqState:
     path: list[Node] = field(default_factory=list)  # published: path[i].page == pages[i]
     pins: list[int] = field(default_factory=list)  # move sources; one ref per entry
     n_exact: int = _NO_LIMIT  # KV of positions [0, n_exact) is exact (donatable)
+    # Moves issued when the sequence had this many valid positions have not provably run
+    # yet (-1: none pending). A later n_computed above it proves a forward (hence the
+    # moves before it) ran; until then pins stay and nothing new is published or donated.
+    moves_at: int = -1
 
 
 class KVCacheManager:
@@ -89,42 +97,27 @@ class KVCacheManager:
         if not share or not tokens:
             self.seqs[seq_id] = SeqState(namespace, share)
             return Admission(seq_id, 0, (), (), "disabled" if not share else "miss", 0, 0, 0)
-        ps = self.page_size
-        m = self.index.lookup(namespace, tokens, touch=True)
-        cache_nodes: list[Node] = list(m.nodes)
-        chunks = []
-        if n_cache_reuse > 0 and m.n_hit < len(tokens):
-            cache_nodes = cache_nodes[: m.n_hit // ps] + self.index.continuation(namespace, m)
-            cache_tokens = [t for n in cache_nodes for t in n.tokens]
-            chunks = plan_chunk_reuse(cache_tokens, tokens, m.n_hit, n_cache_reuse)
-        # Rule: at least one prompt token is evaluated.
-        n_prefix, chunks = trim_to(chunks, m.n_hit, len(tokens) - 1)
-        n_shift = sum(c.n for c in chunks)
-        n_cached = n_prefix + n_shift
-        n_full, r = divmod(n_prefix, ps)
-        # Pins: cache nodes read by the moves, contiguous from page n_full (closure: every
-        # pinned node's parent is held by this sequence too).
-        last_src = (max(c.src + c.n for c in chunks) - 1) // ps if chunks else n_full - (r == 0)
-        shared = [n.page for n in m.nodes[:n_full]]
-        pins = [n.page for n in cache_nodes[n_full:last_src + 1]]
-        for p in shared + pins:
+        plan = plan_admission(self.index, namespace, tokens, n_cache_reuse)
+        shared = plan.shared_nodes()
+        sources = plan.source_nodes()
+        held = [n.page for n in shared + sources]
+        for p in held:
             self.pool.incref(p)
         try:
-            fresh = self._alloc(-(-n_cached // ps) - n_full)
+            fresh = self._alloc(plan.n_private)
         except OutOfPages:
-            for p in shared + pins:
+            for p in held:
                 self._release(p)
             raise
-        pages = shared + fresh
-        cache_pages = [n.page for n in cache_nodes]
-        moves: list[KVMove] = []
-        if r:
-            moves.append(move(cache_pages, n_full * ps, pages, n_full * ps, r, ps))
-        moves += [move(cache_pages, c.src, pages, c.dst, c.n, ps) for c in chunks]
-        if pins:
-            self.index.touch(cache_nodes[n_full:last_src + 1])
-        seq = SeqState(namespace, True, pages, list(m.nodes[:n_full]), pins)
-        if chunks and not self.donate_approximate:
+        pages = [n.page for n in shared] + fresh
+        moves = plan.moves(pages)
+        if sources:
+            self.index.touch(sources)
+        seq = SeqState(namespace, True, pages, shared, [n.page for n in sources])
+        n_cached, n_prefix, n_shift = plan.n_cached, plan.n_prefix, plan.n_shift
+        if moves:
+            seq.moves_at = n_cached
+        if n_shift and not self.donate_approximate:
             seq.n_exact = n_prefix
         self.seqs[seq_id] = seq
         c = self._c
@@ -133,9 +126,11 @@ class KVCacheManager:
         c["prefix"] += n_prefix
         c["shift"] += n_shift
         c["looked_up"] += len(tokens)
-        c["cow"] += r > 0
-        return Admission(seq_id, n_cached, tuple(pages), tuple(moves), m.stop_reason, m.n_hit,
-                         n_prefix, n_shift)
+        c["cow"] += n_prefix % self.page_size > 0
+        m = plan.match
+        return Admission(
+            seq_id, n_cached, tuple(pages), tuple(moves), m.stop_reason, m.n_hit, n_prefix, n_shift
+        )
 
     def reserve(self, seq_id: int, n_total_tokens: int) -> list[int]:
         """Grow the page table to cover positions ``[0, n_total_tokens)`` (never shrinks);
@@ -162,8 +157,7 @@ class KVCacheManager:
         and the private copy is freed.
         """
         seq = self.seqs[seq_id]
-        self._unpin(seq)
-        if seq.share:
+        if self._settle(seq, n_computed) and seq.share:
             self._publish_full(seq, tokens, n_computed)
         self._enforce_budget()
         return len(seq.path)
@@ -173,14 +167,15 @@ class KVCacheManager:
         generated tokens, the last partial page too) unless ``donate`` is false, then drop
         all its references. Returns the number of pages that became new index nodes."""
         seq = self.seqs.pop(seq_id)
+        settled = self._settle(seq, n_computed)
         self._unpin(seq)
         before = self._c["donated"]
-        if donate and seq.share:
+        if donate and seq.share and settled:
             n = self._publish_full(seq, tokens, n_computed)
             i, r = divmod(n, self.page_size)
             if r and len(seq.path) == i and self.pool.is_private(seq.pages[i]):
                 parent = seq.path[-1] if seq.path else None
-                part = tuple(tokens[i * self.page_size:n])
+                part = tuple(tokens[i * self.page_size : n])
                 self._c["donated"] += self.index.insert(seq.ns, parent, part, seq.pages[i]).created
         for p in seq.pages:
             self._release(p)
@@ -193,14 +188,18 @@ class KVCacheManager:
         page table then covers ``n_tokens - n_discard`` positions. Raises ``OutOfPages``
         (nothing changed) when shared pages cannot be copied."""
         seq = self.seqs[seq_id]
-        plan = plan_shift(seq.pages, n_keep, n_discard, n_tokens, self.page_size,
-                          self.pool.is_private, self._alloc)
+        self._settle(seq, n_tokens)
+        plan = plan_shift(
+            seq.pages, n_keep, n_discard, n_tokens, self.page_size, self.pool.is_private, self._alloc
+        )
         if n_discard == 0:
             return []  # nothing moves; the page table is unchanged
         self._c["cow"] += plan.n_fresh
         seq.pins += plan.dropped  # their page-table references become pins
+        if plan.moves:
+            seq.moves_at = n_tokens - n_discard
         seq.pages = plan.pages
-        del seq.path[n_keep // self.page_size:]
+        del seq.path[n_keep // self.page_size :]
         if not self.donate_approximate:
             seq.n_exact = min(seq.n_exact, n_keep)
         self._enforce_budget()
@@ -228,9 +227,21 @@ class KVCacheManager:
     def stats(self) -> CacheStats:
         c, pool = self._c, self.pool
         in_use = pool.n_pages - pool.n_free - pool.n_retained
-        return CacheStats(c["lookups"], c["hits"], c["prefix"], c["shift"], c["looked_up"],
-                          c["cow"], c["donated"], self.index.n_evicted, pool.n_retained,
-                          pool.n_retained_tokens, pool.n_free, in_use, len(self.index))
+        return CacheStats(
+            c["lookups"],
+            c["hits"],
+            c["prefix"],
+            c["shift"],
+            c["looked_up"],
+            c["cow"],
+            c["donated"],
+            self.index.n_evicted,
+            pool.n_retained,
+            pool.n_retained_tokens,
+            pool.n_free,
+            in_use,
+            len(self.index),
+        )
 
     @property
     def n_available_pages(self) -> int:
@@ -257,6 +268,13 @@ class KVCacheManager:
         if self.pool.is_retained(page):
             self.index.note_released(page)
 
+    def _settle(self, seq: SeqState, n_computed: int) -> bool:
+        """True when no moves are pending; releases the pins of moves that provably ran."""
+        if seq.moves_at >= 0 and n_computed > seq.moves_at:
+            seq.moves_at = -1
+            self._unpin(seq)
+        return seq.moves_at < 0
+
     def _unpin(self, seq: SeqState) -> None:
         pins, seq.pins = seq.pins, []
         for p in pins:
@@ -270,8 +288,9 @@ class KVCacheManager:
             raise ValueError(f"n_computed={n_computed} beyond the sequence's tokens or pages")
         for i in range(len(seq.path), n // ps):
             parent = seq.path[-1] if seq.path else None
-            node, created = self.index.insert(seq.ns, parent, tuple(tokens[i * ps:(i + 1) * ps]),
-                                              seq.pages[i])
+            node, created = self.index.insert(
+                seq.ns, parent, tuple(tokens[i * ps : (i + 1) * ps]), seq.pages[i]
+            )
             assert node is not None
             if created:
                 self._c["donated"] += 1

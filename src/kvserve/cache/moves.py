@@ -7,7 +7,7 @@ names only the pages it touches: positions ``[start, start + n)`` of a list beco
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvserve.engine.plan import KVMove
 

@@ -1,9 +1,9 @@
 """Radix tree over token pages, one tree per namespace (cache identity key).
 
-A node is one KV page. A node at depth ``d`` (children of the root have depth 0) covers the
-positions ``[d * page_size, d * page_size + len(node.tokens))`` of every sequence whose tokens
-follow the path root → node. Nodes are either *full* (``page_size`` tokens) or *partial*
-(``1 .. page_size - 1`` tokens); a partial node is always a leaf.
+A node is one KV page (``radix_node``) at a fixed depth: its tokens sit at positions
+``[depth * page_size, ...)`` of every sequence following the path to it. Nodes are either
+*full* (``page_size`` tokens) or *partial* (``1 .. page_size - 1`` tokens); a partial node
+is always a leaf.
 
 Rules kept here:
   * Lookups never remove anything; with ``touch`` they refresh LRU stamps along the hit.
@@ -21,73 +21,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
-from typing import Callable, Hashable, Iterator, NamedTuple, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 from kvserve.cache.page_pool import PagePool
+from kvserve.cache.radix_node import Inserted, Match, Node, Tokens, lcp
 from kvserve.cache.types import StopReason
 
-Tokens = tuple[int, ...]
-
-
-class Node:
-    __slots__ = ("tokens", "page", "parent", "depth", "ns", "children", "by_first", "last_used",
-                 "alive", "uid")
-
-    def __init__(self, tokens: Tokens, page: int, parent: Node | None, ns: Hashable, uid: int) -> None:
-        self.tokens = tokens
-        self.page = page  # -1 for a namespace root
-        self.parent = parent
-        self.depth: int = -1 if parent is None else parent.depth + 1
-        self.ns = ns
-        self.children: dict[Tokens, Node] = {}
-        self.by_first: dict[int, list[Node]] = {}  # first token -> children starting with it
-        self.last_used = 0
-        self.alive = True
-        self.uid = uid
-
-    def key(self) -> Tokens:
-        """All tokens from the root to the end of this node."""
-        parts: list[Tokens] = []
-        n: Node | None = self
-        while n is not None and n.parent is not None:
-            parts.append(n.tokens)
-            n = n.parent
-        return tuple(t for part in reversed(parts) for t in part)
-
-    def __repr__(self) -> str:
-        return f"Node(page={self.page}, depth={self.depth}, n={len(self.tokens)})"
-
-
-def lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass(frozen=True)
-class Match:
-    """Result of a lookup.
-
-    ``nodes[i]`` holds positions ``[i * page_size, ...)``; the first ``n_hit // page_size``
-    nodes are fully matched, and when ``n_hit % page_size == k > 0`` the last node matched only
-    its first ``k`` tokens (the caller copies those rows into a private page).
-    """
-
-    n_hit: int
-    nodes: tuple[Node, ...]
-    stop_reason: StopReason
-
-
-class Inserted(NamedTuple):
-    """``node`` now holds the tokens (None: a redundant partial page was not added);
-    ``created``: the caller's page became that node (the index took its own reference)."""
-
-    node: Node | None
-    created: bool
-
+__all__ = ["EvictHook", "Inserted", "Match", "Node", "PrefixIndex", "lcp"]
 
 EvictHook = Callable[[Hashable, Tokens], None]
 
@@ -134,7 +74,7 @@ class PrefixIndex:
         pos = 0
         n_tok = len(tokens)
         while n_tok - pos >= ps:
-            child = node.children.get(tuple(tokens[pos:pos + ps]))
+            child = node.children.get(tuple(tokens[pos : pos + ps]))
             if child is None:
                 break
             path.append(child)
@@ -144,7 +84,7 @@ class PrefixIndex:
         if pos == n_tok:
             reason = "end_of_prompt"
         else:
-            best, k = self._best_partial(node, tokens[pos:pos + ps])
+            best, k = self._best_partial(node, tokens[pos : pos + ps])
             if best is None:
                 reason = "diverged" if node.children else "end_of_cache"
             else:
@@ -216,7 +156,7 @@ class PrefixIndex:
         existing = parent.children.get(tokens)
         if existing is None and len(tokens) < ps:
             for c in parent.by_first.get(tokens[0], ()):
-                if c.tokens[:len(tokens)] == tokens:
+                if c.tokens[: len(tokens)] == tokens:
                     existing = c
                     break
         if existing is not None:
@@ -224,7 +164,7 @@ class PrefixIndex:
             return Inserted(existing if len(tokens) == ps else None, False)
         # Shorter partial siblings this page covers are now redundant.
         for c in list(parent.by_first.get(tokens[0], ())):
-            if len(c.tokens) < len(tokens) and tokens[:len(c.tokens)] == c.tokens:
+            if len(c.tokens) < len(tokens) and tokens[: len(c.tokens)] == c.tokens:
                 self._remove(c)
         node = Node(tokens, page, parent, ns, next(self._uids))
         parent.children[tokens] = node
@@ -284,8 +224,9 @@ class PrefixIndex:
         if self._evictable(node):
             heapq.heappush(self._heap, (node.last_used, node.uid, node))
             if len(self._heap) > 2 * len(self._node_of_page) + 64:
-                self._heap = [(n.last_used, n.uid, n) for n in self._node_of_page.values()
-                              if self._evictable(n)]
+                self._heap = [
+                    (n.last_used, n.uid, n) for n in self._node_of_page.values() if self._evictable(n)
+                ]
                 heapq.heapify(self._heap)
 
     def _remove(self, node: Node) -> None:

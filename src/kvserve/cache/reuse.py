@@ -9,7 +9,8 @@ chunks tile the prompt contiguously: ``[n_past, n_past + sum(n))`` is covered wi
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 
 class ReuseChunk(NamedTuple):

@@ -16,7 +16,8 @@ of a move before scattering them (see ``KVCacheManager`` for the move contract).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from kvserve.cache.moves import move
 from kvserve.engine.plan import KVMove

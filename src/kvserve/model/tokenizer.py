@@ -47,7 +47,9 @@ _USER_DEFINED = int(TokenAttr.USER_DEFINED)
 _BYTE = int(TokenAttr.BYTE)
 
 # GGUF token type -> attribute
-_TYPE_TO_ATTR: dict[int, int] = {0: 0, 1: _NORMAL, 2: _UNKNOWN, 3: _CONTROL, 4: _USER_DEFINED, 5: _UNUSED, 6: _BYTE}
+_TYPE_TO_ATTR: dict[int, int] = {
+    0: 0, 1: _NORMAL, 2: _UNKNOWN, 3: _CONTROL, 4: _USER_DEFINED, 5: _UNUSED, 6: _BYTE
+}
 
 _SPECIAL_ATTRS = _CONTROL | _USER_DEFINED | _UNKNOWN
 _HIDDEN_ATTRS = _CONTROL | _UNKNOWN  # rendered as "" unless special=True
@@ -89,7 +91,8 @@ _FALCON_PRE = PreTokenizer((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "default": _DEFAULT_PRE,
     **dict.fromkeys(
-        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _LLAMA3_PRE
+        ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+        _LLAMA3_PRE,
     ),
     **dict.fromkeys(("dbrx", "smaug-bpe"), PreTokenizer((_LLAMA3,))),
     **dict.fromkeys(
@@ -128,9 +131,10 @@ _FIM_PAD_TEXTS = ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")
 _FIM_REP_TEXTS = ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")
 _FIM_SEP_TEXTS = ("<|file_sep|>",)
 _EOG_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
-    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>",
+    "[e~[",
 )
 _ALWAYS_USER_DEFINED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")
 
@@ -206,111 +210,42 @@ class VocabInfo:
     def from_metadata(cls, meta: dict[str, Any]) -> VocabInfo:
         model = meta.get("tokenizer.ggml.model")
         if model not in ("gpt2", "llama"):
-            raise ValueError(f"unsupported tokenizer model {model!r}: supported are 'gpt2' (BPE) and 'llama' (SPM)")
-        tokens_raw = meta.get("tokenizer.ggml.tokens")
-        if not tokens_raw:
-            raise ValueError("cannot find tokenizer vocab in model metadata (tokenizer.ggml.tokens)")
-        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens_raw)]
-        token_to_id: dict[str, int] = {}
-        for i, t in enumerate(tokens):
-            prev = token_to_id.setdefault(t, i)
-            if prev != i:
-                raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {prev} and {i}")
+            raise ValueError(
+                f"unsupported tokenizer model {model!r}: supported are 'gpt2' (BPE) and 'llama' (SPM)"
+            )
+        tokens, token_to_id = _read_tokens(meta)
         n = len(tokens)
-
-        types = meta.get("tokenizer.ggml.token_type")
-        if types is not None and len(types) < n:
-            raise ValueError(f"Index out of array bounds for toktypes ({len(types)} < {n})")
-        attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types[:n]] if types else [_NORMAL] * n
-        scores = meta.get("tokenizer.ggml.scores")
-        if scores is not None:
-            if len(scores) < n:
-                raise ValueError(f"Index out of array bounds for scores ({len(scores)} < {n})")
-            scores = [float(s) for s in scores[:n]]
+        types = _read_array(meta, "tokenizer.ggml.token_type", n)
+        attrs = [_TYPE_TO_ATTR.get(t, 0) for t in types] if types is not None else [_NORMAL] * n
+        scores = _read_array(meta, "tokenizer.ggml.scores", n)
 
         pre = meta.get("tokenizer.ggml.pre") or ""
-        ids: dict[str, int | None] = dict.fromkeys(
-            ("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf", "fim_mid", "fim_pad",
-             "fim_rep", "fim_sep")
-        )
         merges: list[str] | None = None
+        ids: dict[str, int | None] = dict.fromkeys(_SPECIAL_FIELDS)
         if model == "llama":
             ids.update(bos=1, eos=2, unk=0)
-            add_space_prefix, add_bos, add_eos = True, True, False
+            add_space_prefix, add_bos = True, True
         else:
             merges = meta.get("tokenizer.ggml.merges")
             if merges is None:
                 raise ValueError("cannot find tokenizer merges in model metadata (tokenizer.ggml.merges)")
             ids.update(bos=11, eos=11)
-            spec = pre_tokenizer_for(pre)
-            add_space_prefix, add_bos, add_eos = False, spec.add_bos, False
+            add_space_prefix, add_bos = False, pre_tokenizer_for(pre).add_bos
         add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", add_space_prefix))
-
-        for key, field in _SPECIAL_ID_KEYS:
-            cur = ids[field]
-            if cur is not None and cur >= n:
-                ids[field] = None
-            value = meta.get(f"tokenizer.ggml.{key}")
-            if value is not None and 0 <= int(value) < n:
-                ids[field] = int(value)
-
         add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", add_bos))
-        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", add_eos))
-        if add_bos and ids["bos"] is None:
-            raise ValueError("tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set")
-        if add_eos and ids["eos"] is None:
-            raise ValueError("tokenizer.ggml.add_eos_token is true, but tokenizer.ggml.eos_token_id is not set")
+        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
 
-        def force_control(tid: int) -> None:
-            attrs[tid] |= _CONTROL
-
-        # auto-detected special tokens (llama.cpp picks the first one its hash map yields; we take the lowest id)
-        for field, texts in (
-            ("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), ("fim_pre", _FIM_PRE_TEXTS), ("fim_suf", _FIM_SUF_TEXTS),
-            ("fim_mid", _FIM_MID_TEXTS), ("fim_pad", _FIM_PAD_TEXTS), ("fim_rep", _FIM_REP_TEXTS),
-            ("fim_sep", _FIM_SEP_TEXTS),
-        ):
-            if ids[field] is None:
-                found = sorted(token_to_id[t] for t in texts if t in token_to_id)
-                if found:
-                    ids[field] = found[0]
-                    force_control(found[0])
-
-        for tid, attr in enumerate(attrs):
-            if attr & _CONTROL and "unused" in tokens[tid]:
-                attrs[tid] = attr | _UNUSED
-
-        eog: set[int] = {ids[f] for f in ("fim_pad", "fim_rep", "fim_sep") if ids[f] is not None}  # type: ignore[misc]
-        for text in _EOG_TEXTS:
-            tid = token_to_id.get(text)
-            if tid is not None:
-                eog.add(tid)
-                force_control(tid)
-        for text in _ALWAYS_USER_DEFINED:
-            tid = token_to_id.get(text)
-            if tid is not None:
-                attrs[tid] = _USER_DEFINED
-        for field in ("eos", "eot", "eom"):
-            if ids[field] is not None:
-                eog.add(ids[field])  # type: ignore[arg-type]
-        texts_in_eog = {tokens[t]: t for t in eog}
-        if "<|end|>" in texts_in_eog and (
-            ("<|return|>" in texts_in_eog and "<|call|>" in texts_in_eog)
-            or ("<|calls|>" in texts_in_eog and "<|flush|>" in texts_in_eog)
-        ):
-            end_id = texts_in_eog["<|end|>"]
-            eog.discard(end_id)
-            attrs[end_id] = _USER_DEFINED
-        if "<|tool_response>" in texts_in_eog and "</s>" in texts_in_eog:
-            s_id = texts_in_eog["</s>"]
-            eog.discard(s_id)
-            attrs[s_id] = _NORMAL
-
+        _read_special_ids(meta, ids, n)
+        for flag, field in ((add_bos, "bos"), (add_eos, "eos")):
+            if flag and ids[field] is None:
+                key = f"tokenizer.ggml.add_{field}_token"
+                raise ValueError(f"{key} is true, but tokenizer.ggml.{field}_token_id is not set")
+        eog = _detect_special_tokens(tokens, token_to_id, attrs, ids)
         return cls(
             model=model,
             pre=pre,
             tokens=tokens,
-            scores=scores,
+            scores=[float(s) for s in scores] if scores is not None else None,
             attrs=attrs,
             token_to_id=token_to_id,
             special_ids=ids,
@@ -334,6 +269,95 @@ class VocabInfo:
         if attr & _BYTE:
             return bytes([int(text[3:5], 16)])
         return b""
+
+
+_SPECIAL_FIELDS = (
+    "bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask",
+    "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep",
+)
+
+
+def _read_tokens(meta: dict[str, Any]) -> tuple[list[str], dict[str, int]]:
+    raw = meta.get("tokenizer.ggml.tokens")
+    if not raw:
+        raise ValueError("cannot find tokenizer vocab in model metadata (tokenizer.ggml.tokens)")
+    tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(raw)]
+    token_to_id: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        prev = token_to_id.setdefault(t, i)
+        if prev != i:
+            raise ValueError(f"duplicate token in vocabulary: {t!r} has ids {prev} and {i}")
+    return tokens, token_to_id
+
+
+def _read_array(meta: dict[str, Any], key: str, n: int) -> list[Any] | None:
+    values = meta.get(key)
+    if values is None:
+        return None
+    if len(values) < n:
+        raise ValueError(f"Index out of array bounds for {key} ({len(values)} < {n})")
+    return list(values[:n])
+
+
+def _read_special_ids(meta: dict[str, Any], ids: dict[str, int | None], n: int) -> None:
+    """Special token ids from the metadata over the per-model defaults; out-of-range ids are ignored."""
+    for key, field in _SPECIAL_ID_KEYS:
+        cur = ids[field]
+        if cur is not None and cur >= n:
+            ids[field] = None
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if value is not None and 0 <= int(value) < n:
+            ids[field] = int(value)
+
+
+def _detect_special_tokens(
+    tokens: list[str], token_to_id: dict[str, int], attrs: list[int], ids: dict[str, int | None]
+) -> set[int]:
+    """llama.cpp's text-based detection of EOT/EOM/FIM tokens and the end-of-generation set.
+
+    Updates ``ids`` and ``attrs`` in place (recognised tokens become control tokens) and returns the
+    EOG ids. Where llama.cpp takes whichever match its hash map yields first, the lowest id is used.
+    """
+
+    def force_control(tid: int) -> None:
+        attrs[tid] |= _CONTROL
+
+    for field, texts in (
+        ("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), ("fim_pre", _FIM_PRE_TEXTS), ("fim_suf", _FIM_SUF_TEXTS),
+        ("fim_mid", _FIM_MID_TEXTS), ("fim_pad", _FIM_PAD_TEXTS), ("fim_rep", _FIM_REP_TEXTS),
+        ("fim_sep", _FIM_SEP_TEXTS),
+    ):
+        if ids[field] is None:
+            found = sorted(token_to_id[t] for t in texts if t in token_to_id)
+            if found:
+                ids[field] = found[0]
+                force_control(found[0])
+
+    for tid, attr in enumerate(attrs):
+        if attr & _CONTROL and "unused" in tokens[tid]:
+            attrs[tid] = attr | _UNUSED
+
+    eog = {tid for f in ("fim_pad", "fim_rep", "fim_sep") if (tid := ids[f]) is not None}
+    for text in _EOG_TEXTS:
+        tid = token_to_id.get(text)
+        if tid is not None:
+            eog.add(tid)
+            force_control(tid)
+    for text in _ALWAYS_USER_DEFINED:
+        tid = token_to_id.get(text)
+        if tid is not None:
+            attrs[tid] = _USER_DEFINED
+    eog.update(tid for f in ("eos", "eot", "eom") if (tid := ids[f]) is not None)
+
+    in_eog = {tokens[t]: t for t in eog}
+    has_call = "<|call|>" in in_eog or "<|calls|>" in in_eog
+    if "<|end|>" in in_eog and has_call and ("<|return|>" in in_eog or "<|flush|>" in in_eog):
+        eog.discard(in_eog["<|end|>"])
+        attrs[in_eog["<|end|>"]] = _USER_DEFINED
+    if "<|tool_response>" in in_eog and "</s>" in in_eog:
+        eog.discard(in_eog["</s>"])
+        attrs[in_eog["</s>"]] = _NORMAL
+    return eog
 
 
 def pre_tokenizer_for(pre: str) -> PreTokenizer:
@@ -421,7 +445,14 @@ def _trie_regex(words: Iterable[str]) -> str:
 
 
 class _SpecialPartitioner:
-    """Splits text around special tokens exactly as llama.cpp's ``tokenizer_st_partition`` does."""
+    """Splits text around special tokens as llama.cpp's ``tokenizer_st_partition`` does: one special
+    token at a time, longest first, over the text fragments left by the previous ones. Control and
+    unknown tokens take part only with ``parse_special``; user-defined tokens always do. (The per-model
+    lstrip/rstrip attributes llama.cpp sets for a few model names are not applied.)
+
+    A trie regex finds which special tokens occur at all, so long texts are not scanned once per
+    special token (Gemma has ~6400 of them).
+    """
 
     def __init__(self, vocab: VocabInfo) -> None:
         ids = [i for i, a in enumerate(vocab.attrs) if a & _SPECIAL_ATTRS]

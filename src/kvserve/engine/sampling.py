@@ -1,0 +1,45 @@
+"""Glue between the scheduler and the sampler: per-sequence samplers with the model's vocab,
+EOG set and DRY sequence breakers, and one batched sampling call per step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .sampler import SampleResult, SequenceSampler, build_dry_breakers, sample_batch
+from .sampling_params import SamplingParams
+
+
+class Sampling:
+    def __init__(self, tokenizer: Any, n_vocab: int, device: torch.device, n_ctx_train: int = 0) -> None:
+        self.tok = tokenizer
+        self.n_vocab = n_vocab
+        self.n_ctx_train = n_ctx_train
+        self._pieces: list[bytes] | None = None
+        self._breakers: dict[tuple[str, ...], Any] = {}  # one vocabulary scan per breaker list
+
+    def _token_bytes(self) -> list[bytes]:
+        if self._pieces is None:
+            self._pieces = [self.tok.token_bytes(i, special=False) for i in range(self.tok.n_vocab)]
+        return self._pieces
+
+    def make(self, params: SamplingParams | None, history: list[int]) -> SequenceSampler:
+        params = params or SamplingParams()
+        breakers = None
+        if params.dry_multiplier > 0:
+            key = tuple(params.dry_sequence_breakers)
+            if key not in self._breakers:
+                self._breakers[key] = build_dry_breakers(
+                    key, self._token_bytes(), lambda s: self.tok.encode(s, add_special=False, parse_special=False)
+                )
+            breakers = self._breakers[key]
+        return SequenceSampler(
+            params, self.n_vocab, self.tok.eog_ids, history, dry_breakers=breakers, n_ctx_train=self.n_ctx_train
+        )
+
+    def sample(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> list[SampleResult]:
+        results = sample_batch(logits, samplers)
+        for s, r in zip(samplers, results):
+            s.accept(r.token)
+        return results

@@ -1,0 +1,63 @@
+"""Slots: llama-server's unit of concurrency, and how a request picks one (spec §3.1).
+
+With one shared prefix cache a slot holds no KV of its own; it keeps the token list of its
+last request, which is what ``/slots`` shows and what LCP similarity compares against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+
+@dataclass
+class Slot:
+    id: int
+    n_ctx: int
+    seq_id: int | None = None  # running request id, or None when idle
+    id_task: int = -1
+    prompt_tokens: list[int] = field(default_factory=list)  # last request's prompt + generated
+    n_prompt_processed: int = 0
+    n_prompt_cache: int = 0
+    t_last_used: float = -1.0
+    params: dict[str, Any] | None = None
+    next_token: dict[str, Any] = field(default_factory=lambda: _idle_next_token())
+
+    @property
+    def busy(self) -> bool:
+        return self.seq_id is not None
+
+
+def _idle_next_token() -> dict[str, Any]:
+    return {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
+
+
+def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def choose_slot(slots: list[Slot], tokens: Sequence[int], id_slot: int, sps: float) -> Slot | None:
+    """llama-server's order: explicit id (returned even when busy; the caller waits), then LCP
+    similarity over idle slots with a prompt (strictly > sps, first best wins), then LRU over
+    idle slots (ties to the highest id)."""
+    if id_slot != -1:
+        return slots[id_slot % len(slots)] if id_slot >= 0 else None
+    if sps != 0 and tokens:
+        best, best_sim = None, -1.0
+        for s in slots:
+            if s.busy or not s.prompt_tokens:
+                continue
+            sim = lcp_len(s.prompt_tokens, tokens) / len(tokens)
+            if sim > best_sim and sim > sps:
+                best, best_sim = s, sim
+        if best is not None:
+            return best
+    lru = None
+    for s in slots:
+        if not s.busy and (lru is None or s.t_last_used <= lru.t_last_used):
+            lru = s
+    return lru

@@ -1,0 +1,155 @@
+"""OpenAI chat bodies -> a rendered prompt + completion fields (``oaicompat_chat_params_parse``).
+
+Order of checks follows llama-server: stop, json_schema/grammar, response_format, messages
+(required, an array, content rules), chat_template_kwargs (``enable_thinking`` must be a
+boolean), assistant prefill (a trailing assistant message is continued), logprobs. Every
+other body key is copied through so llama.cpp sampling extensions work on this endpoint too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvserve.server.engine_api import ChatTemplateLike
+from kvserve.server.errors import ApiError, invalid, server_error, unsupported_field
+from kvserve.server.settings import ServerSettings
+from kvserve.server.unsupported import check_chat
+
+_MEDIA_PARTS = ("image_url", "input_audio", "input_video", "audio_url", "video_url")
+
+
+def _validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    if "messages" not in body:
+        raise invalid("'messages' is required")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise invalid("Expected 'messages' to be an array")
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise invalid("Expected each message to be an object")
+        role = msg.get("role") if isinstance(msg.get("role"), str) else ""
+        if role != "assistant" and "content" not in msg:
+            raise invalid("All non-assistant messages must contain 'content'")
+        if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
+            raise invalid("Assistant message must contain either 'content' or 'tool_calls'!")
+        m = dict(msg)
+        content = msg.get("content")
+        if isinstance(content, list):
+            texts: list[str] = []
+            for p in content:
+                ptype = p.get("type") if isinstance(p, dict) else None
+                if ptype in _MEDIA_PARTS:
+                    raise unsupported_field(f"content[].type={ptype}", "multimodal input is not implemented")
+                if ptype != "text":
+                    raise invalid("unsupported content[].type")
+                text = p.get("text", "")
+                texts.append(text if isinstance(text, str) else json.dumps(text))
+            # Templates without typed-content support see the text parts joined by newlines.
+            m["content"] = "\n".join(texts)
+        elif content is None:
+            m["content"] = ""
+        elif not isinstance(content, str):
+            raise invalid("Expected 'content' to be a string or an array")
+        out.append(m)
+    return out
+
+
+def _template_kwargs(body: dict[str, Any], s: ServerSettings) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for k, v in s.chat_template_kwargs.items():
+        if isinstance(v, str):  # the CLI stores each value as its JSON dump
+            try:
+                v = json.loads(v)
+            except ValueError:
+                pass
+        kwargs[k] = v
+    req_kwargs = body.get("chat_template_kwargs")
+    if isinstance(req_kwargs, dict):
+        kwargs.update(req_kwargs)
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        if isinstance(kwargs["enable_thinking"], str):
+            raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
+    effort = body.get("reasoning_effort", kwargs.get("reasoning_effort"))
+    if effort == "none":
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif isinstance(effort, str):
+        kwargs["reasoning_effort"] = effort
+    return kwargs
+
+
+def render_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings) -> str:
+    """The chat prompt for ``body`` (used by chat completions, /apply-template, input_tokens)."""
+    check_chat(body)
+    messages = _validate_messages(body)
+    if tmpl is None:
+        raise server_error("this model has no chat template")
+    kwargs = _template_kwargs(body, s)
+
+    agp_given = body.get("add_generation_prompt") is not None
+    add_generation_prompt = body.get("add_generation_prompt", True)
+    if not isinstance(add_generation_prompt, bool):
+        add_generation_prompt = True
+    cont = body.get("continue_final_message")
+    if cont is not None and not isinstance(cont, bool):
+        raise invalid("'continue_final_message' must be a boolean")
+    if cont is True and agp_given and add_generation_prompt is True:
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message")
+    last_is_assistant = bool(messages) and messages[-1].get("role") == "assistant"
+    if cont is True and not last_is_assistant:
+        raise invalid("continue_final_message requires the last message to be from the assistant")
+
+    prefill = last_is_assistant and (cont is True or (cont is None and s.prefill_assistant))
+    last: dict[str, Any] | None = None
+    if prefill:
+        last = messages.pop()
+        if messages and messages[-1].get("role") == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
+        if kwargs.get("enable_thinking") is True:
+            raise invalid("Assistant response prefill is incompatible with enable_thinking.")
+        add_generation_prompt = True
+    try:
+        prompt = tmpl.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+    except ValueError as e:
+        raise invalid(str(e))
+    except ApiError:
+        raise
+    except Exception as e:  # jinja runtime errors: the template, not the request, failed
+        raise server_error(f"chat template error: {e}")
+    if last is not None:
+        prompt += str(last.get("content") or "")
+    return prompt
+
+
+def chat_to_completion(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings) -> dict[str, Any]:
+    """The completion-field body equivalent to a chat body (``prompt`` = rendered chat)."""
+    params: dict[str, Any] = {}
+    stop = body.get("stop")
+    params["stop"] = [stop] if isinstance(stop, str) else (stop if stop is not None else [])
+
+    if body.get("json_schema") is not None and body.get("grammar"):
+        raise invalid("Cannot use both json_schema and grammar")
+    rf = body.get("response_format")
+    if rf is not None:
+        rtype = rf.get("type", "") if isinstance(rf, dict) else ""
+        if not isinstance(rtype, str):
+            rtype = ""
+        if rtype in ("json_object", "json_schema"):
+            raise unsupported_field("response_format", f"type '{rtype}' needs schema-constrained sampling")
+        if rtype not in ("", "text"):
+            raise invalid(f'response_format type must be one of "text" or "json_object", but got: {rtype}')
+
+    params["prompt"] = render_chat(body, tmpl, s)
+
+    if body.get("logprobs") is True:
+        top = body.get("top_logprobs")
+        params["n_probs"] = 20 if top is None else top
+    elif body.get("top_logprobs") is not None:
+        raise invalid("top_logprobs requires logprobs to be set to true")
+
+    for k, v in body.items():
+        if k not in params or k == "n_predict":
+            params[k] = v
+    return params

@@ -1,0 +1,144 @@
+"""Completion-like endpoints: /completion, /v1/completions, /v1/chat/completions, /infill.
+
+Flow: body -> (chat: rendered prompt) -> prompts tokenized -> fields parsed -> one
+``GenerationRequest`` per prompt x n_cmpl (``index = prompt * n_cmpl + j``) -> engine.
+Non-stream: wait for all results (polling for a disconnect), merge like llama-server.
+Stream: the first event decides the status (an error is a plain JSON error), then SSE.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from kvserve.engine.request import CacheIdentity, ErrorEvent, GenerationRequest
+from kvserve.server import responses as R
+from kvserve.server import sse
+from kvserve.server.chat import chat_to_completion
+from kvserve.server.dispatch import ClientGone, Dispatch, error_of
+from kvserve.server.engine_api import EngineAPI
+from kvserve.server.errors import ApiError, invalid
+from kvserve.server.jsonio import JSONResponse, error_response
+from kvserve.server.params import CompletionParams, parse_completion_params
+from kvserve.server.prompts import (
+    build_infill,
+    check_infill_support,
+    tokenize_mixed,
+    tokenize_prompts,
+    validate_input_extra,
+    validate_tokens,
+)
+from kvserve.server.settings import ServerSettings
+
+
+class Kind(enum.Enum):
+    NATIVE = "native"
+    OAI_COMPLETION = "oai_completion"
+    OAI_CHAT = "oai_chat"
+    INFILL = "infill"
+
+
+def tenant_of(request: Request) -> str:
+    """The API key the request authenticated with ("" without keys): the cache tenant."""
+    return str(request.scope.get("state", {}).get("api_key", ""))
+
+
+def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettings
+            ) -> tuple[list[list[int]], CompletionParams]:
+    """Validate and tokenize; every failure here is a 400 (or the 501 for infill support)."""
+    tok = engine.tokenizer
+    try:
+        if kind is Kind.INFILL:
+            check_infill_support(tok)
+            for name in ("input_prefix", "input_suffix"):
+                if name not in body:
+                    raise invalid(f'"{name}" is required')
+                if not isinstance(body[name], (str, list)):
+                    raise invalid(f'"{name}" must be a string or an array of strings and tokens')
+            extra = validate_input_extra(body.get("input_extra"))
+        data = chat_to_completion(body, engine.chat_template, s) if kind is Kind.OAI_CHAT else body
+        if kind is Kind.INFILL:
+            prompt = data.get("prompt", "")
+            prompt_tokens = tokenize_mixed(tok, prompt if isinstance(prompt, (str, list)) else "", False, True)
+            params = parse_completion_params(data, s, tok)
+            prompts = [build_infill(tok, data["input_prefix"], data["input_suffix"], extra, prompt_tokens,
+                                    s.n_batch, params.req.n_predict, engine.n_ctx_slot, s.spm_infill)]
+        else:
+            if "prompt" not in data:
+                raise invalid("[json.exception.out_of_range.403] key 'prompt' not found")
+            prompts = tokenize_prompts(tok, data["prompt"], True, True)
+            params = parse_completion_params(data, s, tok)
+        for p in prompts:
+            validate_tokens(p, tok.n_vocab)
+    except ApiError:
+        raise
+    except (ValueError, TypeError, KeyError) as e:
+        raise invalid(str(e))
+    return prompts, params
+
+
+def build_requests(engine: EngineAPI, prompts: list[list[int]], params: CompletionParams,
+                   identity: CacheIdentity) -> list[GenerationRequest]:
+    n = params.n_cmpl
+    return [
+        GenerationRequest(id=engine.new_request_id(), prompt_tokens=list(toks), params=params.child(j),
+                          identity=identity, index=i * n + j)
+        for i, toks in enumerate(prompts)
+        for j in range(n)
+    ]
+
+
+def _final_json(kind: Kind, finals: list[Any], ctx: R.ResponseContext) -> Any:
+    if kind in (Kind.NATIVE, Kind.INFILL):
+        objs = [R.native_final(ev, ctx, stream=False) for ev in finals]
+        if ctx.params.response_fields:
+            objs = [R.project_fields(o, ctx.params.response_fields) for o in objs]
+        return objs[0] if len(objs) == 1 else objs
+    fmt = R.oai_chat if kind is Kind.OAI_CHAT else R.oai_completion
+    results = [fmt(ev, ctx) for ev in finals]
+    return results[0] if len(results) == 1 else R.merge_oai(results, ctx.params.n_cmpl)
+
+
+def _stream_format(kind: Kind, ctx: R.ResponseContext) -> sse.NativeFormat:
+    if kind is Kind.OAI_CHAT:
+        return sse.OAIChatFormat(ctx)
+    if kind is Kind.OAI_COMPLETION:
+        return sse.OAICompletionFormat(ctx)
+    return sse.NativeFormat(ctx)
+
+
+async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response:
+    engine: EngineAPI = request.app.state.engine
+    s: ServerSettings = request.app.state.settings
+    prompts, params = prepare(kind, body, engine, s)
+
+    needs_prompt_text = kind in (Kind.NATIVE, Kind.INFILL) or params.verbose
+    prompt_texts = [engine.tokenizer.decode(p, True) for p in prompts] if needs_prompt_text else []
+    ctx = R.ResponseContext(model=s.model_id, build_info=s.build_info, params=params, prompt_texts=prompt_texts)
+
+    reqs = build_requests(engine, prompts, params, CacheIdentity(tenant=tenant_of(request)))
+    d = Dispatch(engine)
+    d.submit(reqs)
+
+    if not params.req.stream:
+        try:
+            finals = await d.collect(request)
+        except ClientGone:
+            return Response(status_code=200)
+        return JSONResponse(_final_json(kind, finals, ctx))
+
+    try:
+        first = await d.next_or_gone(request)
+    except ClientGone:
+        return Response(status_code=200)
+    except BaseException:
+        d.cancel()
+        raise
+    if isinstance(first, ErrorEvent):
+        d.cancel()
+        return error_response(error_of(first))
+    stream = sse.event_stream(d, _stream_format(kind, ctx), first, request, params.sse_ping_interval)
+    return sse.EngineStreamingResponse(stream, on_close=d.cancel)

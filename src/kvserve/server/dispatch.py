@@ -1,0 +1,129 @@
+"""From one HTTP request to N engine requests and back.
+
+``Dispatch`` owns the engine requests of one HTTP request (several prompts and/or n_cmpl > 1
+fan out, each with its ``index``). Events arrive on the engine thread and hop to the event
+loop with ``call_soon_threadsafe``. Whatever way the HTTP side ends (done, error, client gone,
+task cancelled), ``cancel()`` tells the engine to drop the requests that are still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from kvserve.engine.request import (
+    EngineEvent,
+    ErrorEvent,
+    FinalEvent,
+    GenerationRequest,
+)
+from kvserve.server.engine_api import EngineAPI
+from kvserve.server.errors import ApiError, from_event
+
+log = logging.getLogger("kvserve.server")
+
+POLL_S = 1.0  # how often a waiting handler checks for a client disconnect (HTTP_POLLING_SECONDS)
+
+
+class Disconnectable(Protocol):
+    async def is_disconnected(self) -> bool: ...
+
+
+class ClientGone(Exception):
+    """The client disconnected while we waited; the engine requests were cancelled."""
+
+
+class Dispatch:
+    def __init__(self, engine: EngineAPI, loop: asyncio.AbstractEventLoop | None = None):
+        self.engine = engine
+        self.loop = loop or asyncio.get_running_loop()
+        self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self.ids: list[int] = []
+        self.pending: set[int] = set()
+        self.cancelled = False
+
+    # engine thread -------------------------------------------------------------------
+    def emit(self, ev: EngineEvent) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+        except RuntimeError:  # event loop closed (shutdown): nobody is listening any more
+            pass
+
+    # event loop ----------------------------------------------------------------------
+    def submit(self, reqs: list[GenerationRequest]) -> None:
+        for r in reqs:
+            self.ids.append(r.id)
+            self.pending.add(r.id)
+        for r in reqs:
+            try:
+                self.engine.submit(r, self.emit)
+            except Exception:
+                self.cancel()
+                raise
+
+    def cancel(self) -> None:
+        """Cancel every request that has not finished (idempotent)."""
+        if self.pending:
+            log.info("cancel %d request(s): %s", len(self.pending), sorted(self.pending))
+        for rid in sorted(self.pending):
+            try:
+                self.engine.cancel(rid)
+            except Exception:  # pragma: no cover - engine bug; never mask the real exit path
+                log.exception("cancel(%d) failed", rid)
+        self.pending.clear()
+        self.cancelled = True
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+    async def next(self, timeout: float | None) -> EngineEvent | None:
+        """The next event of a still-pending request (None after ``timeout`` seconds)."""
+        while True:
+            try:
+                if timeout is None:
+                    ev = await self.queue.get()
+                else:
+                    ev = await asyncio.wait_for(self.queue.get(), timeout)
+            except asyncio.TimeoutError:
+                return None
+            if ev.request_id not in self.pending:
+                continue  # late event of a cancelled/finished request
+            if isinstance(ev, (FinalEvent, ErrorEvent)):
+                self.pending.discard(ev.request_id)
+            return ev
+
+    async def next_or_gone(self, client: Disconnectable, poll: float = POLL_S) -> EngineEvent:
+        """The next event, checking every ``poll`` seconds whether the client is still there."""
+        while True:
+            ev = await self.next(poll)
+            if ev is not None:
+                return ev
+            if await client.is_disconnected():
+                self.cancel()
+                raise ClientGone()
+
+    async def collect(self, client: Disconnectable, poll: float = POLL_S) -> list[FinalEvent]:
+        """Wait for every result (sorted by index). The first error cancels the siblings and
+        is raised as ``ApiError``; a client disconnect cancels everything (``ClientGone``)."""
+        finals: list[FinalEvent] = []
+        try:
+            while self.pending:
+                ev = await self.next_or_gone(client, poll)
+                if isinstance(ev, ErrorEvent):
+                    self.cancel()
+                    raise error_of(ev)
+                if isinstance(ev, FinalEvent):
+                    finals.append(ev)
+        finally:
+            self.cancel()
+        return sorted(finals, key=lambda e: e.index)
+
+
+def error_of(ev: ErrorEvent) -> ApiError:
+    return from_event(ev.code, ev.message, ev.type, ev.extra)
+
+
+def error_event_body(ev: ErrorEvent) -> dict[str, Any]:
+    return error_of(ev).body()

@@ -1,0 +1,206 @@
+"""The slice of ``kvserve.config.ServerConfig`` the HTTP layer reads, behind one adapter.
+
+Every config name the server uses appears once below (``_pick`` lists the accepted
+spellings, dotted paths look into nested config objects), so a rename in ``config.py`` is a
+one-line fix here. Missing values fall back to llama-server's defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+import kvserve
+
+# Request-field name -> llama-server default (common_params_sampling and task params).
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "temperature": 0.8,
+    "dynatemp_range": 0.0,
+    "dynatemp_exponent": 1.0,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "top_n_sigma": -1.0,
+    "typical_p": 1.0,
+    "xtc_probability": 0.0,
+    "xtc_threshold": 0.1,
+    "repeat_last_n": 64,
+    "repeat_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": 64,
+    "dry_sequence_breakers": ["\n", ":", '"', "*"],
+    "mirostat": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "adaptive_target": -1.0,
+    "adaptive_decay": 0.9,
+    "seed": 0xFFFFFFFF,
+    "samplers": ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"],
+    "ignore_eos": False,
+    "n_probs": 0,
+    "min_keep": 0,
+    "logit_bias": [],
+    "backend_sampling": False,
+}
+
+_MISSING = object()
+
+
+def _lookup(cfg: Any, name: str) -> Any:
+    obj = cfg
+    for part in name.split("."):
+        if obj is None:
+            return _MISSING
+        if isinstance(obj, dict):
+            obj = obj.get(part, _MISSING)
+        else:
+            obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            return _MISSING
+    return obj
+
+
+def _pick(cfg: Any, default: Any, *names: str) -> Any:
+    for n in names:
+        v = _lookup(cfg, n)
+        if v is not _MISSING and v is not None:
+            return v
+    return default
+
+
+def _csv(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return tuple(s.strip() for s in v.split(",") if s.strip())
+    return tuple(str(s) for s in v)
+
+
+def _media_marker() -> str:
+    env = os.environ.get("LLAMA_MEDIA_MARKER")
+    if env:
+        return env
+    alphabet = string.ascii_letters + string.digits
+    return "<__media_" + "".join(secrets.choice(alphabet) for _ in range(32)) + "__>"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_prefix: str = ""
+    api_keys: tuple[str, ...] = ()
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    endpoint_slots: bool = True
+    endpoint_metrics: bool = False
+    endpoint_props: bool = False
+    slot_save_path: str = ""
+    timeout: int = 3600
+    sse_ping_interval: int = 30
+    verbosity: int = 3
+    model_name: str = "model"
+    aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    model_path: str = ""
+    special: bool = False
+    reverse_prompt: tuple[str, ...] = ()
+    embedding: bool = False
+    reranking: bool = False
+    pooling: str = "mean"
+    embd_normalize: int = 2
+    n_predict: int = -1
+    n_keep: int = 0
+    cache_prompt: bool = True
+    cache_reuse: int = 0
+    n_batch: int = 2048
+    n_parallel: int = 1
+    spm_infill: bool = False
+    prefill_assistant: bool = True
+    reasoning_format: str = "deepseek"
+    jinja: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    sampling_defaults: dict[str, Any] = field(default_factory=lambda: dict(SAMPLING_DEFAULTS))
+    build_info: str = "b1-kvserve-" + kvserve.__version__
+    media_marker: str = field(default_factory=_media_marker)
+    slots_debug: bool = False
+
+    @property
+    def model_id(self) -> str:
+        """The API model id: the first alias in sorted order (llama-server's std::set)."""
+        return self.aliases[0] if self.aliases else self.model_name
+
+    @staticmethod
+    def from_config(cfg: Any, n_slots: int | None = None) -> "ServerSettings":
+        d = ServerSettings()
+        sampling = dict(SAMPLING_DEFAULTS)
+        raw = _pick(cfg, None, "sampling_defaults", "sampling")
+        if isinstance(raw, dict):
+            sampling.update({k: v for k, v in raw.items() if v is not None})
+        elif raw is not None:
+            for k in SAMPLING_DEFAULTS:
+                v = getattr(raw, k, None)
+                if v is not None:
+                    sampling[k] = v
+        model_name = str(_pick(cfg, d.model_name, "model_name", "alias", "model_alias", "model"))
+        aliases = tuple(sorted(set(_csv(_pick(cfg, (), "aliases"))))) or (model_name,)
+        kwargs = _pick(cfg, {}, "chat_template_kwargs")
+        if isinstance(kwargs, str):
+            import json
+
+            kwargs = json.loads(kwargs) if kwargs.strip() else {}
+        return ServerSettings(
+            host=str(_pick(cfg, d.host, "host")),
+            port=int(_pick(cfg, d.port, "port")),
+            api_prefix=str(_pick(cfg, d.api_prefix, "api_prefix")).rstrip("/"),
+            api_keys=_csv(_pick(cfg, (), "api_keys", "api_key")),
+            cors_origins=str(_pick(cfg, d.cors_origins, "cors_origins")),
+            cors_methods=str(_pick(cfg, d.cors_methods, "cors_methods")),
+            cors_headers=str(_pick(cfg, d.cors_headers, "cors_headers")),
+            cors_credentials=bool(_pick(cfg, d.cors_credentials, "cors_credentials")),
+            endpoint_slots=bool(_pick(cfg, d.endpoint_slots, "endpoint_slots", "slots")),
+            endpoint_metrics=bool(_pick(cfg, d.endpoint_metrics, "endpoint_metrics", "metrics")),
+            endpoint_props=bool(_pick(cfg, d.endpoint_props, "endpoint_props", "props")),
+            slot_save_path=str(_pick(cfg, "", "slot_save_path") or ""),
+            timeout=int(_pick(cfg, d.timeout, "timeout")),
+            sse_ping_interval=int(_pick(cfg, d.sse_ping_interval, "sse_ping_interval")),
+            verbosity=int(_pick(cfg, d.verbosity, "verbosity", "log_verbosity")),
+            model_name=aliases[0],
+            aliases=aliases,
+            tags=_csv(_pick(cfg, (), "tags")),
+            model_path=str(_pick(cfg, model_name, "model_path", "model")),
+            special=bool(_pick(cfg, False, "special")),
+            reverse_prompt=_csv_list(_pick(cfg, (), "reverse_prompt", "antiprompt")),
+            embedding=bool(_pick(cfg, False, "embedding", "embeddings")),
+            reranking=bool(_pick(cfg, False, "reranking", "rerank")),
+            pooling=str(_pick(cfg, d.pooling, "pooling", "pooling_type")),
+            embd_normalize=int(_pick(cfg, d.embd_normalize, "embd_normalize")),
+            n_predict=int(_pick(cfg, d.n_predict, "n_predict")),
+            n_keep=int(_pick(cfg, d.n_keep, "n_keep", "keep")),
+            cache_prompt=bool(_pick(cfg, d.cache_prompt, "cache_prompt")),
+            cache_reuse=int(_pick(cfg, d.cache_reuse, "cache_reuse", "n_cache_reuse")),
+            n_batch=int(_pick(cfg, d.n_batch, "n_batch", "batch_size")),
+            n_parallel=int(n_slots if n_slots is not None else _pick(cfg, d.n_parallel, "n_parallel")),
+            spm_infill=bool(_pick(cfg, False, "spm_infill")),
+            prefill_assistant=bool(_pick(cfg, True, "prefill_assistant")),
+            reasoning_format=str(_pick(cfg, d.reasoning_format, "reasoning_format")),
+            jinja=bool(_pick(cfg, True, "jinja")),
+            chat_template_kwargs=dict(kwargs),
+            sampling_defaults=sampling,
+            build_info=str(_pick(cfg, d.build_info, "build_info")),
+            slots_debug=os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0"),
+        )
+
+
+def _csv_list(v: Any) -> tuple[str, ...]:
+    """Reverse prompts are not CSV (a prompt may contain commas): a list or one string."""
+    if isinstance(v, str):
+        return (v,) if v else ()
+    return tuple(str(s) for s in v if s)

@@ -1,0 +1,208 @@
+"""Server-sent events: framing, per-API chunk formats and the streaming loop.
+
+Framing: each event is ``data: <json>\\n\\n``; ``:\\n\\n`` (a comment) is a keep-alive sent
+after ``sse_ping_interval`` seconds of silence. Native streams just end; OpenAI streams end
+with ``data: [DONE]\\n\\n``. An error after the stream started is ``data: {"error": …}`` and
+the stream closes (no ``[DONE]``). The HTTP status is decided before the stream starts (see
+``completions.py``: an error as first event is a plain JSON error response).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Callable
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from kvserve.engine.request import EngineEvent, ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
+from kvserve.server import responses as R
+from kvserve.server.dispatch import ClientGone, Dispatch, Disconnectable, error_event_body
+from kvserve.server.jsonio import dumps
+
+SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no", "cache-control": "no-cache"}
+PING = ":\n\n"
+DONE = "data: [DONE]\n\n"
+
+
+def frame(obj: Any) -> str:
+    return "data: " + dumps(obj) + "\n\n"
+
+
+def _progress(ev: ProgressEvent) -> dict[str, Any]:
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
+
+
+class NativeFormat:
+    """``/completion`` and ``/infill``: partials, then the final object (content ""), no [DONE]."""
+
+    done_marker = ""
+
+    def __init__(self, ctx: R.ResponseContext):
+        self.ctx = ctx
+
+    def _partial(self, index: int, text: str, tokens: list[int], n_decoded: int, n_prompt: int) -> dict[str, Any]:
+        return {"index": index, "content": text, "tokens": tokens, "stop": False, "id_slot": -1,
+                "tokens_predicted": n_decoded, "tokens_evaluated": n_prompt}
+
+    def token(self, ev: TokenEvent) -> list[Any]:
+        out = self._partial(ev.index, ev.text, list(ev.tokens), ev.n_decoded, ev.n_prompt)
+        if ev.timings:
+            out["timings"] = ev.timings
+        req = self.ctx.params.req
+        if req.n_probs > 0 and ev.probs:
+            out["completion_probabilities"] = R.probs_json(ev.probs, req.post_sampling_probs)
+        return [out]
+
+    def progress(self, ev: ProgressEvent) -> list[Any]:
+        out = self._partial(ev.index, "", [], 0, ev.total)
+        out["prompt_progress"] = _progress(ev)
+        return [out]
+
+    def final(self, ev: FinalEvent) -> list[Any]:
+        obj = R.native_final(ev, self.ctx, stream=True)
+        if self.ctx.params.response_fields:
+            obj = R.project_fields(obj, self.ctx.params.response_fields)
+        return [obj]
+
+
+class OAICompletionFormat(NativeFormat):
+    done_marker = DONE
+
+    def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        c = self.ctx
+        out: dict[str, Any] = {"choices": [choice], "created": c.created, "model": c.model,
+                               "system_fingerprint": c.build_info, "object": "text_completion"}
+        out.update(extra)
+        out["id"] = c.id
+        return out
+
+    def token(self, ev: TokenEvent) -> list[Any]:
+        req = self.ctx.params.req
+        lp = {"content": R.probs_json(ev.probs, req.post_sampling_probs)} if req.n_probs > 0 and ev.probs else None
+        out = self._chunk({"text": ev.text, "index": ev.index, "logprobs": lp, "finish_reason": None})
+        if ev.timings:
+            out["timings"] = ev.timings
+        return [out]
+
+    def progress(self, ev: ProgressEvent) -> list[Any]:
+        out = self._chunk({"text": "", "index": ev.index, "logprobs": None, "finish_reason": None})
+        out["prompt_progress"] = _progress(ev)
+        return [out]
+
+    def final(self, ev: FinalEvent) -> list[Any]:
+        out = self._chunk({"text": "", "index": ev.index, "logprobs": None,
+                           "finish_reason": R.finish_reason(ev.stop_type)},
+                          usage=R.usage(ev.n_prompt, ev.n_decoded, ev.n_cached))
+        out["timings"] = R.timings(ev)
+        return [out]
+
+
+class OAIChatFormat(NativeFormat):
+    done_marker = DONE
+
+    def __init__(self, ctx: R.ResponseContext):
+        super().__init__(ctx)
+        self.started: set[int] = set()
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        c = self.ctx
+        return {"choices": choices, "created": c.created, "id": c.id, "model": c.model,
+                "system_fingerprint": c.build_info, "object": "chat.completion.chunk"}
+
+    def _role(self, index: int) -> dict[str, Any]:
+        return self._chunk([{"finish_reason": None, "index": index,
+                             "delta": {"role": "assistant", "content": None}}])
+
+    def _begin(self, index: int) -> list[Any]:
+        if index in self.started:
+            return []
+        self.started.add(index)
+        return [self._role(index)]
+
+    def token(self, ev: TokenEvent) -> list[Any]:
+        out = self._begin(ev.index)
+        req = self.ctx.params.req
+        has_lp = req.n_probs > 0 and bool(ev.probs)
+        if ev.text or has_lp:
+            choice: dict[str, Any] = {"finish_reason": None, "index": ev.index, "delta": {"content": ev.text}}
+            if has_lp:
+                choice["logprobs"] = {"content": R.probs_json(ev.probs, req.post_sampling_probs)}
+            out.append(self._chunk([choice]))
+        if ev.timings and out:
+            out[-1]["timings"] = ev.timings
+        return out
+
+    def progress(self, ev: ProgressEvent) -> list[Any]:
+        out = self._role(ev.index)
+        out["prompt_progress"] = _progress(ev)
+        return [out]
+
+    def final(self, ev: FinalEvent) -> list[Any]:
+        out = self._begin(ev.index)
+        out.append(self._chunk([{"finish_reason": R.finish_reason(ev.stop_type), "index": ev.index, "delta": {}}]))
+        if self.ctx.params.include_usage:
+            u = self._chunk([])
+            u["usage"] = R.usage(ev.n_prompt, ev.n_decoded, ev.n_cached)
+            out.append(u)
+        out[-1]["timings"] = R.timings(ev)
+        return out
+
+
+Format = NativeFormat
+
+
+def render(fmt: Format, ev: EngineEvent) -> list[Any]:
+    if isinstance(ev, TokenEvent):
+        return fmt.token(ev)
+    if isinstance(ev, ProgressEvent):
+        return fmt.progress(ev)
+    if isinstance(ev, FinalEvent):
+        return fmt.final(ev)
+    raise TypeError(type(ev))
+
+
+async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Disconnectable,
+                       ping_s: int) -> AsyncIterator[str]:
+    """Yield SSE text for ``first`` and every later event, pings in silent stretches."""
+    last = time.monotonic()
+    ev: EngineEvent | None = first
+    try:
+        while True:
+            if ev is not None:
+                if isinstance(ev, ErrorEvent):
+                    d.cancel()
+                    yield frame(error_event_body(ev))
+                    return
+                chunks = render(fmt, ev)
+                if chunks:
+                    yield "".join(frame(c) for c in chunks)
+                    last = time.monotonic()
+            if d.done:
+                break
+            wait = 1.0 if ping_s <= 0 else max(0.01, min(1.0, ping_s - (time.monotonic() - last)))
+            ev = await d.next(wait)
+            if ev is None and ping_s > 0 and time.monotonic() - last >= ping_s:
+                yield PING
+                last = time.monotonic()
+        if fmt.done_marker:
+            yield fmt.done_marker
+    except ClientGone:
+        return
+    finally:
+        d.cancel()
+
+
+class EngineStreamingResponse(StreamingResponse):
+    """A StreamingResponse that runs ``on_close`` however the response ends (done, client
+    disconnect detected by Starlette, send failure, server shutdown)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(content, status_code=200, headers=SSE_HEADERS, media_type=None)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -1,0 +1,63 @@
+"""Request fields kvserve does not implement: refused with a 400 naming the field.
+
+llama-server would honour these; silently ignoring them would change results without the
+client noticing (a grammar that is not applied, an adapter that is not used). Fields whose
+default/neutral value is harmless (``grammar: ""``, ``lora: []``, ``tools: []``) pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.server.errors import unsupported_field
+
+
+def _truthy(v: Any) -> bool:
+    return v is not None and v is not False and v != "" and v != [] and v != {}
+
+
+# field -> why (checked on every completion-like body, after chat conversion too)
+_REFUSED: dict[str, str] = {
+    "grammar": "grammar-constrained sampling is not implemented",
+    "json_schema": "schema-constrained sampling is not implemented",
+    "grammar_triggers": "lazy grammars are not implemented",
+    "preserved_tokens": "lazy grammars are not implemented",
+    "lora": "LoRA adapters are not implemented",
+    "reasoning_control": "reasoning control is not implemented",
+    "parse_tool_calls": "tool calls are not implemented",
+    "chat_parser": "chat output parsers are not implemented",
+}
+
+
+def check_completion(body: dict[str, Any]) -> None:
+    for name, why in _REFUSED.items():
+        if _truthy(body.get(name)):
+            raise unsupported_field(name, why)
+    if body.get("grammar_lazy") is True:
+        raise unsupported_field("grammar_lazy", "lazy grammars are not implemented")
+    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
+        v = body.get(name)
+        if v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and v != -1:
+            raise unsupported_field(name, "reasoning budgets are not implemented")
+    if body.get("echo") is True:
+        raise unsupported_field("echo", "echoing the prompt is not implemented")
+    best_of = body.get("best_of")
+    if isinstance(best_of, (int, float)) and not isinstance(best_of, bool) and best_of > 1:
+        raise unsupported_field("best_of", "use 'n' for several completions")
+    if _truthy(body.get("suffix")):
+        raise unsupported_field("suffix", "use /infill for fill-in-the-middle")
+    mods = body.get("modalities")
+    if isinstance(mods, list) and "audio" in mods:
+        raise unsupported_field("modalities", "audio output is not implemented")
+
+
+def check_chat(body: dict[str, Any]) -> None:
+    """Chat-only fields (before conversion to completion parameters)."""
+    tools = body.get("tools")
+    if isinstance(tools, list) and tools:
+        raise unsupported_field("tools", "tool calling is not implemented")
+    tool_choice = body.get("tool_choice")
+    if tool_choice is not None and tool_choice not in ("auto", "none"):
+        raise unsupported_field("tool_choice", "tool calling is not implemented")
+    if _truthy(body.get("audio")):
+        raise unsupported_field("audio", "audio output is not implemented")

@@ -1,0 +1,107 @@
+"""Prompt cache end to end on SmolLM2: exact reuse counts and identical greedy output."""
+
+from __future__ import annotations
+
+import pytest
+
+from .engine_harness import assert_idle, make_engine, run, submit
+
+from ..conftest import TEXTS
+
+
+@pytest.fixture(scope="module")
+def tok(smollm):
+    from kvserve.model.tokenizer import Tokenizer
+
+    return Tokenizer.from_metadata(smollm.metadata)
+
+
+def test_same_prompt_twice_reuses_n_minus_1_and_matches_uncached(smollm, tok):
+    eng = make_engine(smollm, n_slots=2)
+    ids = tok.encode(TEXTS[0], add_special=True, parse_special=False)
+    _, a = submit(eng, ids, cache_prompt=False)
+    run(eng, [a])
+    _, b = submit(eng, ids)
+    run(eng, [b])
+    _, c = submit(eng, ids)
+    run(eng, [c])
+    assert a.final.n_cached == 0
+    assert b.final.n_cached == 0  # a had cache_prompt false: nothing was donated
+    assert c.final.n_cached == len(ids) - 1
+    assert a.final.content == b.final.content == c.final.content
+    assert a.final.tokens == c.final.tokens
+    assert_idle(eng)
+
+
+def test_siblings_share_the_common_prefix_exactly(smollm, tok):
+    eng = make_engine(smollm, n_slots=2)
+    base = tok.encode(TEXTS[2], add_special=True, parse_special=False)
+    p1 = base + tok.encode(" Question: how long to bake?", add_special=False, parse_special=False)
+    p2 = base[:-3] + tok.encode(" What flour?", add_special=False, parse_special=False)
+    _, a = submit(eng, p1)
+    run(eng, [a])
+    _, b = submit(eng, p2)
+    run(eng, [b])
+    common = next(i for i, (x, y) in enumerate(zip(p1, p2)) if x != y)
+    assert b.final.n_cached == common and common % 16 != 0 or b.final.n_cached == common
+    # The uncached answer is the same.
+    _, c = submit(eng, p2, cache_prompt=False)
+    run(eng, [c])
+    assert c.final.content == b.final.content
+    assert_idle(eng)
+
+
+def test_generated_tokens_are_donated_for_multiturn(smollm, tok):
+    eng = make_engine(smollm, n_slots=1)
+    p1 = tok.encode(TEXTS[1], add_special=True, parse_special=False)
+    _, a = submit(eng, p1, n_predict=20)
+    run(eng, [a])
+    p2 = p1 + a.final.tokens + tok.encode("\n# next", add_special=False, parse_special=False)
+    _, b = submit(eng, p2)
+    run(eng, [b])
+    # KV holds the prompt and all generated tokens but the last (never evaluated).
+    assert b.final.n_cached == len(p1) + len(a.final.tokens) - 1
+    assert a.final.tokens_cached == len(p1) + len(a.final.tokens) - 1
+    assert_idle(eng)
+
+
+def test_burst_on_a_new_document_computes_it_once(smollm, tok):
+    eng = make_engine(smollm, n_slots=8, n_batch=512)
+    doc = tok.encode(" ".join(TEXTS), add_special=True, parse_special=False)
+    cols = []
+    for i in range(8):
+        q = tok.encode(f"\nQuestion {i}: summarise part {i}.", add_special=False, parse_special=False)
+        cols.append(submit(eng, doc + q, n_predict=4)[1])
+    run(eng, cols)
+    evaluated = eng.scheduler.stats.prompt_tokens_total
+    suffixes = sum(c.final.n_prompt - c.final.n_cached for c in cols[1:])
+    assert evaluated == len(doc) + (cols[0].final.n_prompt - len(doc)) + suffixes
+    assert evaluated < len(doc) + 8 * 40, evaluated  # not 8 x the document
+    assert all(c.final.n_cached >= (len(doc) // 16) * 16 for c in cols[1:])
+    assert_idle(eng)
+
+
+def test_tenants_never_share(smollm, tok):
+    eng = make_engine(smollm, n_slots=2)
+    ids = tok.encode(TEXTS[0], add_special=True, parse_special=False)
+    _, a = submit(eng, ids, tenant="key-a")
+    run(eng, [a])
+    _, b = submit(eng, ids, tenant="key-b")
+    run(eng, [b])
+    _, c = submit(eng, ids, tenant="key-a")
+    run(eng, [c])
+    assert b.final.n_cached == 0
+    assert c.final.n_cached == len(ids) - 1
+    assert_idle(eng)
+
+
+def test_cache_ram_zero_retains_nothing(smollm, tok):
+    eng = make_engine(smollm, n_slots=1, cache_ram_mib=0)
+    ids = tok.encode(TEXTS[0], add_special=True, parse_special=False)
+    _, a = submit(eng, ids)
+    run(eng, [a])
+    _, b = submit(eng, ids)
+    run(eng, [b])
+    assert b.final.n_cached == 0 and a.final.content == b.final.content
+    assert eng.cache.stats().retained_pages == 0
+    assert_idle(eng)

@@ -1,0 +1,389 @@
+"""Tokenizer tests against llama-server goldens (SmolLM2: byte-level BPE, Gemma 3: SPM with scores)."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import pickle
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvserve.model.files import default_model_path, gemma3_270m_path
+from kvserve.model.gguf_meta import read_metadata_file
+from kvserve.model.tokenizer import StreamDecoder, Tokenizer, VocabInfo, utf8_complete_prefix
+
+GOLDEN = Path("/work/shared/golden")
+FIELDS = ("add_special", "no_special", "no_parse_special", "pieces", "detokenized")
+
+
+def _cached_tokenizer_meta(cache: pytest.Cache, path: str) -> dict[str, Any]:
+    """The ``tokenizer.*``/``general.*`` metadata of a GGUF, kept in the pytest cache (reading the
+    Gemma vocabulary takes ~10 s)."""
+    with open(path, "rb") as f:
+        key = hashlib.sha256(f.read(16 << 20)).hexdigest()[:24]
+    cached = cache.mkdir("kvserve-tokenizer-meta") / f"{key}.pkl"
+    if cached.exists():
+        return pickle.loads(cached.read_bytes())
+    meta = {k: v for k, v in read_metadata_file(path).items() if k.startswith(("tokenizer.", "general."))}
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(meta))
+    tmp.replace(cached)
+    return meta
+
+
+@pytest.fixture(scope="session")
+def smollm_meta(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return _cached_tokenizer_meta(request.config.cache, default_model_path())
+
+
+@pytest.fixture(scope="session")
+def gemma_meta(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    path = gemma3_270m_path(str(tmp_path_factory.mktemp("gemma3")))
+    return _cached_tokenizer_meta(request.config.cache, path)
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_meta: dict[str, Any]) -> Tokenizer:
+    return Tokenizer.from_metadata(smollm_meta)
+
+
+@pytest.fixture(scope="session")
+def gemma(gemma_meta: dict[str, Any]) -> Tokenizer:
+    return Tokenizer.from_metadata(gemma_meta)
+
+
+def _tok(request: pytest.FixtureRequest, model: str) -> Tokenizer:
+    return request.getfixturevalue({"smollm2": "smollm", "gemma3": "gemma"}[model])
+
+
+def _golden_cases(model: str) -> list[dict[str, Any]]:
+    return json.loads((GOLDEN / f"tokenize-{model}.json").read_text())["cases"]
+
+
+def _run(tok: Tokenizer, field: str, case: dict[str, Any]) -> Any:
+    text = case["text"]
+    if field == "add_special":
+        return tok.encode(text, add_special=True, parse_special=True)
+    if field == "no_special":
+        return tok.encode(text, add_special=False, parse_special=True)
+    if field == "no_parse_special":
+        return tok.encode(text, add_special=False, parse_special=False)
+    if field == "pieces":
+        return [{"id": i, "piece": tok.piece(i)} for i in case["no_special"]]
+    return tok.detokenize(case["no_special"])
+
+
+# --------------------------------------------------------------------------------------------------
+# goldens
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_matches_llama_server_golden(request: pytest.FixtureRequest, model: str, field: str) -> None:
+    tok = _tok(request, model)
+    cases = _golden_cases(model)
+    assert len(cases) == 28
+    mismatches = [
+        (case["text"], got, case[field]) for case in cases if (got := _run(tok, field, case)) != case[field]
+    ]
+    assert not mismatches, "\n".join(f"{t!r}: got {g!r}, expected {e!r}" for t, g, e in mismatches)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_tokenize_and_detokenize_endpoint_goldens(request: pytest.FixtureRequest, model: str) -> None:
+    tok = _tok(request, model)
+    responses = json.loads((GOLDEN / f"responses-{model}.json").read_text())["responses"]
+    status, body = responses["POST /tokenize (with_pieces)"]
+    ids = tok.encode("Hello world! 日本", add_special=False, parse_special=True)
+    assert [{"id": i, "piece": tok.piece(i)} for i in ids] == body["tokens"]
+    status, body = responses["POST /detokenize"]
+    ids = tok.encode("Hello world!", add_special=False, parse_special=True)
+    assert tok.detokenize(ids) == body["content"]
+
+
+def test_vocab_properties_smollm(smollm: Tokenizer) -> None:
+    assert smollm.n_vocab == 49152
+    assert smollm.vocab_type == 2
+    assert (smollm.bos_id, smollm.bos_token) == (1, "<|im_start|>")
+    assert (smollm.eos_id, smollm.eos_token) == (2, "<|im_end|>")
+    assert smollm.add_bos is False and smollm.add_eos is False
+    # <|endoftext|>, <|im_end|> (eos) and <reponame> (recognised as FIM repo token, which is EOG)
+    assert smollm.eog_ids == frozenset({0, 2, 4})
+    assert smollm.fim_rep == 4
+    assert smollm.fim_pre is None and smollm.fim_suf is None and smollm.fim_mid is None
+    assert smollm.linefeed_id == 198
+
+
+def test_vocab_properties_gemma(gemma: Tokenizer) -> None:
+    assert gemma.n_vocab == 262144
+    assert gemma.vocab_type == 1
+    assert (gemma.bos_id, gemma.bos_token) == (2, "<bos>")
+    assert (gemma.eos_id, gemma.eos_token) == (1, "<eos>")
+    assert gemma.add_bos is True and gemma.add_eos is False
+    # <eos>, <end_of_turn> and </s> are end-of-generation
+    assert gemma.eog_ids == frozenset({1, 106, 212})
+    assert gemma.eot_id == 106
+    assert gemma.is_eog(106) and not gemma.is_eog(105)
+    assert gemma.fim_pre is None and gemma.fim_suf is None and gemma.fim_mid is None
+    assert gemma.linefeed_id == 248 and gemma.token_text(248) == "<0x0A>"
+
+
+# --------------------------------------------------------------------------------------------------
+# special tokens and BOS
+# --------------------------------------------------------------------------------------------------
+
+
+def test_parse_special_controls_control_tokens(smollm: Tokenizer) -> None:
+    text = "<|im_start|>user\nhi<|im_end|>"
+    assert smollm.encode(text, add_special=False, parse_special=True)[0] == 1
+    assert 1 not in smollm.encode(text, add_special=False, parse_special=False)
+
+
+def test_user_defined_tokens_always_parsed(gemma: Tokenizer) -> None:
+    # '<s>' is USER_DEFINED in Gemma 3 and is split out even with parse_special=False;
+    # '</s>' is end-of-generation, hence control, and is not.
+    ids = gemma.encode("<s>x</s>", add_special=False, parse_special=False)
+    assert ids[0] == 203 and 212 not in ids
+    assert gemma.encode("<s>x</s>", add_special=False, parse_special=True)[-1] == 212
+
+
+def test_longest_special_token_wins(gemma: Tokenizer) -> None:
+    # '\n\n\n' is one user-defined token, not three '\n'
+    assert gemma.encode("a\n\n\nb", add_special=False, parse_special=True) == gemma.encode(
+        "a", add_special=False, parse_special=True
+    ) + [gemma.vocab.token_to_id["\n\n\n"]] + gemma.encode("b", add_special=False, parse_special=True)
+
+
+def test_bos_added_only_when_model_asks(smollm: Tokenizer, gemma: Tokenizer) -> None:
+    assert gemma.encode("", add_special=True, parse_special=True) == [2]
+    assert gemma.encode("", add_special=False, parse_special=True) == []
+    assert smollm.encode("hi", add_special=True, parse_special=True) == smollm.encode(
+        "hi", add_special=False, parse_special=True
+    )
+
+
+def test_encode_mixed(gemma: Tokenizer) -> None:
+    hello = gemma.encode("Hello", add_special=False, parse_special=True)
+    world = gemma.encode(" world<end_of_turn>", add_special=False, parse_special=True)
+    assert world[-1] == 106  # special parsing applies to every string piece
+    assert gemma.encode_mixed(["Hello", 42, " world<end_of_turn>"], True, True) == [2, *hello, 42, *world]
+    # BOS only when the first element is a string
+    assert gemma.encode_mixed([42, "Hello"], True, True) == [42, *hello]
+    assert gemma.encode_mixed(["Hello"], False, True) == hello
+    with pytest.raises(TypeError):
+        gemma.encode_mixed(["a", 1.5], True, True)  # type: ignore[list-item]
+
+
+# --------------------------------------------------------------------------------------------------
+# pieces, decoding, streaming
+# --------------------------------------------------------------------------------------------------
+
+
+def test_pieces_and_bytes(gemma: Tokenizer, smollm: Tokenizer) -> None:
+    assert gemma.token_bytes(432) == b"\xc2"  # <0xC2> byte token
+    assert gemma.piece(432) == [0xC2]
+    assert gemma.piece(236743) == " "  # '▁'
+    assert smollm.piece(216) == " "
+    assert smollm.token_bytes(1) == b"<|im_start|>"
+    assert smollm.token_bytes(1, special=False) == b""
+    with pytest.raises(ValueError):
+        smollm.token_bytes(smollm.n_vocab)
+    with pytest.raises(ValueError):
+        smollm.decode([-1])
+
+
+def test_decode_hides_control_tokens_unless_special(smollm: Tokenizer, gemma: Tokenizer) -> None:
+    ids = smollm.encode("<|im_start|>user\nhi<|im_end|>", add_special=False, parse_special=True)
+    assert smollm.decode(ids) == "user\nhi"
+    assert smollm.decode(ids, special=True) == "<|im_start|>user\nhi<|im_end|>"
+    ids = gemma.encode("<start_of_turn>model\nok<end_of_turn>", add_special=True, parse_special=True)
+    assert gemma.decode(ids) == "model\nok"
+    assert gemma.detokenize(ids) == "<bos><start_of_turn>model\nok<end_of_turn>"
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_stream_decoder_never_emits_partial_utf8(request: pytest.FixtureRequest, model: str) -> None:
+    tok = _tok(request, model)
+    for case in _golden_cases(model):
+        ids = case["add_special"]
+        dec = tok.stream_decoder()
+        chunks = [dec.feed(i) for i in ids]
+        tail = dec.flush()
+        assert "".join(chunks) + tail == tok.decode(ids)
+        assert tail == ""
+        assert all("\ufffd" not in c for c in chunks), case["text"]
+
+
+def test_stream_decoder_holds_back_incomplete_sequences(smollm: Tokenizer) -> None:
+    # 日 is split over two byte-level tokens in SmolLM2
+    ids = smollm.encode("日", add_special=False, parse_special=True)
+    assert len(ids) == 2
+    dec = StreamDecoder(smollm)
+    assert dec.feed(ids[0]) == ""
+    assert dec.pending == "日".encode()[: len(smollm.token_bytes(ids[0]))]
+    assert dec.feed(ids[1]) == "日"
+    dec.feed(ids[0])
+    assert dec.flush() == "\ufffd"
+    # control tokens render as "" unless special
+    assert StreamDecoder(smollm).feed(2) == ""
+    assert StreamDecoder(smollm, special=True).feed(2) == "<|im_end|>"
+
+
+def test_utf8_complete_prefix() -> None:
+    assert utf8_complete_prefix(b"ab") == 2
+    assert utf8_complete_prefix("é".encode()[:1]) == 0
+    assert utf8_complete_prefix(b"a" + "日".encode()[:2]) == 1
+    assert utf8_complete_prefix("😀".encode()) == 4
+    assert utf8_complete_prefix(b"a" + "😀".encode()[:3]) == 1
+
+
+# --------------------------------------------------------------------------------------------------
+# metadata handling
+# --------------------------------------------------------------------------------------------------
+
+
+def test_unknown_pre_tokenizer_is_refused(smollm_meta: dict[str, Any]) -> None:
+    meta = dict(smollm_meta, **{"tokenizer.ggml.pre": "no-such-pre"})
+    with pytest.raises(ValueError, match="unknown pre-tokenizer type: 'no-such-pre'.*smollm"):
+        Tokenizer.from_metadata(meta)
+
+
+def test_unknown_model_is_refused(smollm_meta: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="unsupported tokenizer model"):
+        VocabInfo.from_metadata(dict(smollm_meta, **{"tokenizer.ggml.model": "bert"}))
+
+
+def _tiny_bpe_meta(pre: str | None) -> dict[str, Any]:
+    from kvserve.model.tokenizer import _BYTE_TO_CHAR
+
+    tokens = [_BYTE_TO_CHAR[b] for b in range(256)] + ["12", "123", "1234", "<s>"]
+    meta: dict[str, Any] = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * 259 + [3],
+        "tokenizer.ggml.merges": ["1 2", "12 3", "123 4"],
+        "tokenizer.ggml.bos_token_id": 259,
+        "tokenizer.ggml.eos_token_id": 259,
+    }
+    if pre is not None:
+        meta["tokenizer.ggml.pre"] = pre
+    return meta
+
+
+@pytest.mark.parametrize(
+    ("pre", "expected", "add_bos"),
+    [
+        ("gpt-2", ["1234"], False),
+        ("smollm", ["1", "2", "3", "4"], False),  # digits split one by one
+        ("llama-bpe", ["123", "4"], True),  # up to three digits; BOS on by default
+        ("qwen2", ["1", "2", "3", "4"], False),
+        (None, ["123", "4"], False),  # no pre: llama.cpp's 'default' (\p{N}+ then [0-9]{3})
+    ],
+)
+def test_pre_tokenizer_regexes(pre: str | None, expected: list[str], add_bos: bool) -> None:
+    tok = Tokenizer.from_metadata(_tiny_bpe_meta(pre))
+    assert [tok.token_text(i) for i in tok.encode("1234", add_special=False, parse_special=True)] == expected
+    assert tok.add_bos is add_bos
+
+
+def test_add_space_prefix_for_spm(gemma_meta: dict[str, Any], gemma: Tokenizer) -> None:
+    tok = Tokenizer.from_metadata(dict(gemma_meta, **{"tokenizer.ggml.add_space_prefix": True}))
+    plain = gemma.encode(" Hello", add_special=False, parse_special=True)
+    assert tok.encode("Hello", add_special=False, parse_special=True) == plain
+    # the prefix goes after every special token too
+    assert tok.encode("<start_of_turn>Hello", add_special=False, parse_special=True) == [105, *plain]
+
+
+# --------------------------------------------------------------------------------------------------
+# SPM merge order: compare with a direct port of llama.cpp's llm_tokenizer_spm_session
+# --------------------------------------------------------------------------------------------------
+
+
+def _spm_reference(vocab: VocabInfo, text: str) -> list[int]:
+    t2i = vocab.token_to_id
+    scores = vocab.scores
+    assert scores is not None
+    sym = list(text)
+    n = len(sym)
+    if n == 0:
+        return []
+    prev = list(range(-1, n - 1))
+    nxt = [*range(1, n), -1]
+    heap: list[tuple[float, int, int, int]] = []
+
+    def try_add(left: int, right: int) -> None:
+        if left == -1 or right == -1:
+            return
+        tid = t2i.get(sym[left] + sym[right])
+        if tid is not None:
+            heapq.heappush(heap, (-scores[tid], left, right, len(sym[left]) + len(sym[right])))
+
+    for i in range(1, n):
+        try_add(i - 1, i)
+    while heap:
+        _, left, right, size = heapq.heappop(heap)
+        if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
+            continue
+        sym[left] += sym[right]
+        sym[right] = ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prev[nxt[right]] = left
+        try_add(prev[left], left)
+        try_add(left, nxt[left])
+    out: list[int] = []
+    i = 0
+    while i != -1:
+        tid = t2i.get(sym[i])
+        if tid is not None:
+            out.append(tid)
+        else:
+            out += [t2i[f"<0x{b:02X}>"] for b in sym[i].encode("utf-8")]
+        i = nxt[i]
+    return out
+
+
+def test_spm_matches_llama_cpp_merge_order(gemma: Tokenizer) -> None:
+    rng = random.Random(20261130)
+    alphabet = "".join(c["text"] for c in _golden_cases("gemma3"))
+    alphabet += "xyzQZ\u0100\u4e00\U0001f600e\u0301\u3000\u0378"
+    words = [t.replace("\u2581", " ") for t in gemma.vocab.tokens[1000:200000:89]]
+    for _ in range(300):
+        parts = [
+            rng.choice(words) if rng.random() < 0.5 else "".join(rng.choices(alphabet, k=rng.randint(1, 9)))
+            for _ in range(rng.randint(1, 14))
+        ]
+        text = "".join(parts)
+        expected: list[int] = []
+        for frag in gemma._partitioner.split(text, parse_special=False):
+            if isinstance(frag, str):
+                expected += _spm_reference(gemma.vocab, frag.replace(" ", "\u2581"))
+            else:
+                expected.append(frag)
+        assert gemma.encode(text, add_special=False, parse_special=False) == expected, text
+
+
+# --------------------------------------------------------------------------------------------------
+# speed
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_4k_token_prompt_is_fast(request: pytest.FixtureRequest, model: str) -> None:
+    tok = _tok(request, model)
+    base = "\n".join(c["text"] for c in _golden_cases(model))
+    text = base
+    while len(tok.encode(text, add_special=True, parse_special=True)) < 4096:
+        text += "\n" + base
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        tok.encode(text, add_special=True, parse_special=True)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 0.1, f"{best * 1000:.1f} ms"
