@@ -13,7 +13,6 @@ every running sequence's tokens at their positions and every index page's tokens
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -230,6 +229,9 @@ def run_fuzz(seed: int, n_pages: int, page_size: int, limit: int | None, steps: 
             f.step(rng.choice(list(f.seqs)))
         elif x < 0.97 and f.seqs:
             f.finish(rng.choice(list(f.seqs)))
+        elif x < 0.98:
+            mgr.index.evict(rng.randint(1, 4))  # memory pressure from outside
+            f.flush_evictions()
         elif x < 0.985:
             mgr.erase_namespace("a")
             model.keys.pop("a", None)
@@ -257,6 +259,4 @@ def run_fuzz(seed: int, n_pages: int, page_size: int, limit: int | None, steps: 
     ],
 )
 def test_fuzz_against_oracle(seed: int, n_pages: int, page_size: int, limit: int | None) -> None:
-    t0 = time.perf_counter()
-    run_fuzz(seed, n_pages, page_size, limit, steps=3000)
-    assert time.perf_counter() - t0 < 5
+    run_fuzz(seed, n_pages, page_size, limit, steps=3000)  # about 0.5 s each

@@ -211,6 +211,11 @@ def test_hf_environment_features(smollm_meta: dict[str, Any]) -> None:
     )
 
 
+def test_generation_tag_renders_its_body(smollm_meta: dict[str, Any]) -> None:
+    src = "{% for m in messages %}{% generation %}<{{ m.content }}>{% endgeneration %}{% endfor %}"
+    assert _inline(smollm_meta, src).render([USER]) == "<hi>"
+
+
 def test_trim_and_lstrip_blocks(smollm_meta: dict[str, Any]) -> None:
     src = "{% for m in messages %}\n    {% if true %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}\n"
     assert _inline(smollm_meta, src).render([USER]) == "hi\n"

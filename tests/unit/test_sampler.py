@@ -508,3 +508,26 @@ def test_to_json_generation_settings() -> None:
     metrics = p.to_json(True, extra={"stop": ["x"], "n_predict": 3})
     assert "logit_bias" not in metrics and "dry_sequence_breakers" not in metrics and "stop" not in metrics
     assert metrics["n_predict"] == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu() -> None:
+    configs = [SamplingParams(temperature=0.0, repeat_penalty=1.2, n_probs=3),
+               SamplingParams(seed=3, n_probs=2, post_sampling_probs=True),
+               SamplingParams(seed=4, top_k=0, typical_p=0.7, min_keep=2),
+               SamplingParams(seed=5, xtc_probability=0.5, top_n_sigma=2.0, dry_multiplier=0.5),
+               SamplingParams(seed=6, mirostat=1), SamplingParams(seed=7, mirostat=2),
+               SamplingParams(seed=8, samplers=("top_k", "adaptive_p"), adaptive_target=0.4)]
+    v = 4096
+    cpu = [SequenceSampler(p, v, eog_ids=[0], history=[5, 6, 7]) for p in configs]
+    gpu = [SequenceSampler(p, v, eog_ids=[0], history=[5, 6, 7]) for p in configs]
+    for step in range(6):
+        logits = _logits(300 + step, b=len(configs), v=v, scale=3.0)
+        a = sample_batch(logits, cpu)
+        b = sample_batch(logits.cuda(), gpu)
+        assert [r.token for r in a] == [r.token for r in b]
+        for ra, rb in zip(a, b):
+            assert [t for t, _ in ra.top] == [t for t, _ in rb.top]
+            assert ra.logprob == pytest.approx(rb.logprob, rel=1e-4, abs=1e-5)
+        for s, r in zip(cpu + gpu, a + b):
+            s.accept(r.token)

@@ -194,8 +194,12 @@ class PrefixIndex:
             self.n_evicted += 1
             if self.on_evict is not None:
                 self.on_evict(node.ns, key)
-            if parent is not None and parent.parent is not None:
+            if parent is None:
+                continue
+            if parent.parent is not None:
                 self._push_if_evictable(parent)
+            elif not parent.children and self._roots.get(parent.ns) is parent:
+                del self._roots[parent.ns]  # an emptied namespace costs nothing
         return freed
 
     def erase_namespace(self, ns: Hashable) -> int:

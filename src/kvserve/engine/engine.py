@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -22,6 +23,8 @@ from ..model.chat_template import ChatTemplate
 from ..model.loader import LoadedModel
 from ..model.runner import ModelRunner
 from ..model.tokenizer import Tokenizer
+from ..server.engine_api import EngineError
+from . import introspect, slot_store
 from .request import Emit, GenerationRequest
 from .sampling import Sampling
 from .scheduler import Scheduler, SchedulerConfig
@@ -45,6 +48,8 @@ class EngineOptions:
     kv_dtype: torch.dtype | None = None
     special: bool = False
     check_integrity: bool = False  # run the cache invariants after every step (tests)
+    slot_save_path: str | None = None
+    warmup: bool = False
 
 
 class Engine:
@@ -97,6 +102,7 @@ class Engine:
         self.ready = False
         self.step_hook: Callable[[Engine], None] | None = None
         self.last_error: BaseException | None = None
+        self.slot_save_path = opts.slot_save_path
 
     # -- facade (any thread) ---------------------------------------------------------------
     def new_request_id(self) -> int:
@@ -124,8 +130,64 @@ class Engine:
             raise val
         return val
 
+    def model_info(self) -> dict[str, Any]:
+        return introspect.model_info(self.loaded, self.tokenizer)
+
+    def slots_snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return introspect.slots_snapshot(self.scheduler)
+
+    def metrics_snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return introspect.metrics_snapshot(self)
+
+    def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
+        slot_id = id_slot % self.n_slots
+        if self.scheduler.slots[slot_id].busy:
+            raise EngineError("slot is busy", 503, "unavailable_error")
+        if action == "erase":
+            return self.call(lambda: slot_store.erase(self, slot_id))
+        if not self.slot_save_path:
+            raise EngineError("This server does not support slots action. Start it with `--slot-save-path`", 501)
+        path = os.path.join(self.slot_save_path, filename)
+        if action == "save":
+            return self.call(lambda: slot_store.save(self, slot_id, path, tenant))
+        if action == "restore":
+            return self.call(lambda: slot_store.restore(self, slot_id, path, tenant))
+        raise EngineError("Invalid action", 400)
+
+    def embed(self, token_lists: list[list[int]], pooling: str) -> list[list[list[float]]]:
+        return self.call(lambda: [self._embed_one(t, pooling) for t in token_lists])
+
+    def _embed_one(self, tokens: list[int], pooling: str) -> list[list[float]]:
+        if len(tokens) > self.opts.n_ubatch:
+            raise EngineError(
+                f"input ({len(tokens)} tokens) is too large to process. increase the physical batch size "
+                f"(current batch size: {self.opts.n_ubatch})", 500, "server_error")
+        seq_id = -2_000_000 - self.new_request_id()
+        self.cache.begin(seq_id, ("embedding",), tokens, use_cache=False)
+        try:
+            table = tuple(self.cache.reserve(seq_id, len(tokens)))
+            h = self.runner.hidden_states(tokens, table)
+        finally:
+            self.cache.finish(seq_id, tokens, len(tokens), donate=False)
+        if pooling == "none":
+            return h.tolist()
+        if pooling == "cls":
+            return [h[0].tolist()]
+        if pooling == "last":
+            return [h[-1].tolist()]
+        return [h.mean(0).tolist()]
+
     # -- thread ----------------------------------------------------------------------------
+    def warmup(self) -> None:
+        """One tiny forward pass so the first request does not pay for lazy initialisation."""
+        tok = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+        self._embed_one([tok], "last")
+
     def start(self) -> None:
+        if self.opts.warmup:
+            self.warmup()
         self._thread = threading.Thread(target=self._loop, name="kvserve-engine", daemon=True)
         self._thread.start()
         self.ready = True

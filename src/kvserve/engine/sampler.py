@@ -16,11 +16,15 @@ prompt tokens into its sampler before the first draw), and mirostat / adaptive-p
 A chain with temperature <= 0 (no dynatemp, no typ_p/xtc before it) is "greedy": the result is
 exactly argmax(logits + biases) after the penalties/DRY that precede temperature.
 
-Candidates stay a dense [B, V] float32 tensor on the logits' device; a removed candidate is
--inf (llama.cpp shrinks its array instead; only dynatemp's max entropy, which counts the
-remaining candidates, could tell the two apart when logit_bias banned some). Rows that run the
-same stage at the same step are processed by the same batched ops; DRY, XTC's coin flip and
-mirostat run per row. The "infill" sampler is accepted in ``samplers`` but not applied.
+Rows with the same plan (active stages + final pick) are sampled together: their candidates
+are one [b, W] float32 tensor on the logits' device, a removed candidate is -inf, and the
+truncating stages (top_k, top_p, typ_p) shrink W, so after top_k the default chain works on
+~40 columns. llama.cpp shrinks its array instead of writing -inf; only dynatemp's maximum
+entropy (log of the number of candidates) tells them apart, when -inf logits remain in
+llama.cpp's array (logit_bias bans, top_n_sigma).
+DRY, XTC's coin flip and mirostat run per row. The final draw walks the live candidates in
+token-id order with one uniform from the row's generator. The "infill" sampler is accepted in
+``samplers`` but not applied.
 """
 
 from __future__ import annotations
@@ -286,84 +290,49 @@ def build_dry_breakers(
     return {t: tuple(v) for t, v in out.items()}
 
 
-# -- batched stages: f(x[b, V], seqs, ub) -> x; ub[i] bounds row i's live candidates ----------
+# -- candidate sets and batched stages -------------------------------------------------------
+#
+# A group of rows with the same plan shares one _Cand: ``vals[b, W]`` logits (-inf = removed)
+# and ``ids[b, W]`` their token ids (None while W == V and column == token id). Truncating
+# stages (top_k, top_p, typ_p) shrink W, so the rest of a default chain works on ~40 columns.
 
 
-def _vec(values: list[float] | list[int], x: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
-    return torch.tensor(values, dtype=dtype, device=x.device)
+@dataclass
+class _Cand:
+    vals: Tensor
+    ids: Tensor | None = None
+
+    def token_ids(self) -> Tensor:
+        if self.ids is not None:
+            return self.ids
+        b, w = self.vals.shape
+        return torch.arange(w, device=self.vals.device).expand(b, w)
+
+    def take(self, vals: Tensor, cols: Tensor, keep: Tensor) -> _Cand:
+        """The columns ``cols`` (with their ``vals``) of each row; those not kept become -inf."""
+        ids = cols if self.ids is None else self.ids.gather(-1, cols)
+        return _Cand(torch.where(keep, vals, NEG_INF), ids)
 
 
-def _sorted_top(x: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """The n largest of each row, descending; equal values ordered by token id."""
-    if n >= x.shape[1]:
-        return torch.sort(x, dim=-1, descending=True, stable=True)
-    vals, idx = torch.topk(x, n, dim=-1, sorted=True)
-    idx, perm = idx.sort(dim=-1)
-    vals, perm2 = vals.gather(-1, perm).sort(dim=-1, descending=True, stable=True)
-    return vals, idx.gather(-1, perm2)
+Stage = Callable[[_Cand, list[SequenceSampler]], _Cand]
 
 
-def _rebuild(x: Tensor, idx: Tensor, vals: Tensor, keep: Tensor) -> Tensor:
-    """A row set holding only the kept (idx, vals); everything else -inf."""
-    return torch.full_like(x, NEG_INF).scatter_(1, idx, torch.where(keep, vals, NEG_INF))
+def _vec(values: Sequence[float] | Sequence[int], like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    return torch.tensor(values, dtype=dtype, device=like.device)
 
 
-def _stage_penalties(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    rows: list[int] = []
-    toks: list[int] = []
-    cnts: list[int] = []
-    for i, s in enumerate(seqs):
-        for tok, c in s._pen_counts.items():
-            if 0 <= tok < x.shape[1]:
-                rows.append(i)
-                toks.append(tok)
-                cnts.append(c)
-    if not rows:
-        return x
-    r, t = _vec(rows, x, torch.long), _vec(toks, x, torch.long)
-    rp = _vec([seqs[i].params.repeat_penalty for i in rows], x)
-    fp = _vec([seqs[i].params.frequency_penalty for i in rows], x)
-    pp = _vec([seqs[i].params.presence_penalty for i in rows], x)
-    v = x[r, t]
-    v = torch.where(v <= 0, v * rp, v / rp) - (_vec(cnts, x) * fp + pp)
-    x[r, t] = v
-    return x
-
-
-def _stage_dry(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    rows: list[int] = []
-    toks: list[int] = []
-    pens: list[float] = []
-    for i, s in enumerate(seqs):
-        for tok, pen in s.dry_penalties().items():
-            if 0 <= tok < x.shape[1]:
-                rows.append(i)
-                toks.append(tok)
-                pens.append(pen)
-    if rows:
-        x.index_put_((_vec(rows, x, torch.long), _vec(toks, x, torch.long)), -_vec(pens, x), accumulate=True)
-    return x
-
-
-def _stage_top_n_sigma(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    n = _vec([s.params.top_n_sigma for s in seqs], x)[:, None]
-    finite = torch.isfinite(x)
-    cnt = finite.sum(-1, keepdim=True).clamp(min=1)
-    mean = torch.where(finite, x, 0.0).sum(-1, keepdim=True) / cnt
-    std = (torch.where(finite, (x - mean) ** 2, 0.0).sum(-1, keepdim=True) / cnt).sqrt()
-    return torch.where(x < x.amax(-1, keepdim=True) - n * std, NEG_INF, x)
-
-
-def _stage_top_k(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    V = x.shape[1]
-    ks = [min(s.params.top_k, V) for s in seqs]
-    if min(ks) >= V:
-        return x
-    vals, idx = torch.topk(x, max(ks), dim=-1)
-    keep = torch.arange(max(ks), device=x.device)[None, :] < _vec(ks, x, torch.long)[:, None]
-    for i, k in enumerate(ks):
-        ub[i] = min(ub[i], k)
-    return _rebuild(x, idx, vals, keep)
+def _sorted(c: _Cand, n: int) -> tuple[Tensor, Tensor]:
+    """(vals, cols) of the n best columns per row, descending; equal values by token id."""
+    w = c.vals.shape[1]
+    if c.ids is None:
+        if n >= w:
+            return torch.sort(c.vals, dim=-1, descending=True, stable=True)
+        vals, cols = torch.topk(c.vals, n, dim=-1)
+        cols, perm = cols.sort(dim=-1)
+    else:
+        _, cols = c.ids.sort(dim=-1)
+    vals, perm = c.vals.gather(-1, cols).sort(dim=-1, descending=True, stable=True)
+    return vals[:, :n], cols.gather(-1, perm)[:, :n]
 
 
 def _first_true(cond: Tensor, default: int) -> Tensor:
@@ -371,117 +340,184 @@ def _first_true(cond: Tensor, default: int) -> Tensor:
     return torch.where(cond.any(-1), cond.to(torch.uint8).argmax(-1), default)
 
 
-def _stage_top_p(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    n_all = min(x.shape[1], max(ub))
-    tp = _vec([s.params.top_p for s in seqs], x)[:, None]
-    mk = _vec([s.params.min_keep for s in seqs], x, torch.long)[:, None]
-    lse = torch.logsumexp(x, -1, keepdim=True)
-    n = n_all if n_all <= 1024 else 256  # llama.cpp's heuristic: most rows stop early
+def _add_at(c: _Cand, rows: list[int], toks: list[int], fn: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """vals[row, column of tok] = fn(old values, entry index) for each (row, tok) present."""
+    if not rows:
+        return
+    r, t = _vec(rows, c.vals, torch.long), _vec(toks, c.vals, torch.long)
+    e = torch.arange(len(rows), device=c.vals.device)
+    if c.ids is None:
+        col = t
+    else:
+        hit = c.ids[r] == t[:, None]
+        ok = hit.any(-1)
+        r, e, col = r[ok], e[ok], hit[ok].to(torch.uint8).argmax(-1)
+    c.vals[r, col] = fn(c.vals[r, col], e)
+
+
+def _stage_penalties(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    rows, toks, cnts, rp, fp, pp = [], [], [], [], [], []
+    for i, s in enumerate(seqs):
+        p = s.params
+        for tok, n in s._pen_counts.items():
+            rows.append(i)
+            toks.append(tok)
+            cnts.append(n)
+            rp.append(p.repeat_penalty)
+            fp.append(p.frequency_penalty)
+            pp.append(p.presence_penalty)
+    like = c.vals
+    cnt, rpt, fpt, ppt = _vec(cnts, like), _vec(rp, like), _vec(fp, like), _vec(pp, like)
+
+    def apply(v: Tensor, e: Tensor) -> Tensor:
+        v = torch.where(v <= 0, v * rpt[e], v / rpt[e])
+        return v - (cnt[e] * fpt[e] + ppt[e])
+
+    _add_at(c, rows, toks, apply)
+    return c
+
+
+def _stage_dry(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    rows, toks, pens = [], [], []
+    for i, s in enumerate(seqs):
+        for tok, pen in s.dry_penalties().items():
+            rows.append(i)
+            toks.append(tok)
+            pens.append(pen)
+    pen = _vec(pens, c.vals)
+    _add_at(c, rows, toks, lambda v, e: v - pen[e])
+    return c
+
+
+def _stage_top_n_sigma(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    x = c.vals
+    n = _vec([s.params.top_n_sigma for s in seqs], x)[:, None]
+    finite = x > NEG_INF
+    cnt = finite.sum(-1, keepdim=True).clamp(min=1)
+    mean = torch.where(finite, x, 0.0).sum(-1, keepdim=True) / cnt
+    std = (torch.where(finite, (x - mean) ** 2, 0.0).sum(-1, keepdim=True) / cnt).sqrt()
+    c.vals = torch.where(x < x.amax(-1, keepdim=True) - n * std, NEG_INF, x)
+    return c
+
+
+def _stage_top_k(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    w = c.vals.shape[1]
+    ks = [min(s.params.top_k, w) for s in seqs]
+    k = max(k for k in ks if k < w) if min(ks) < w else 0
+    if k == 0:
+        return c
+    vals, cols = torch.topk(c.vals, k, dim=-1)
+    keep = torch.arange(k, device=vals.device)[None, :] < _vec(ks, vals, torch.long)[:, None]
+    if max(ks) < w:
+        return c.take(vals, cols, keep)
+    whole = _vec([kk >= w for kk in ks], vals, torch.bool)[:, None]  # rows keeping everything
+    mask = torch.zeros_like(c.vals, dtype=torch.bool).scatter_(1, cols, keep) | whole
+    c.vals = torch.where(mask, c.vals, NEG_INF)
+    return c
+
+
+def _stage_top_p(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    w = c.vals.shape[1]
+    tp = _vec([s.params.top_p for s in seqs], c.vals)[:, None]
+    mk = _vec([s.params.min_keep for s in seqs], c.vals, torch.long)[:, None]
+    lse = torch.logsumexp(c.vals, -1, keepdim=True)
+    n = w if w <= 1024 else 256  # like llama.cpp, try a sorted prefix first: most rows stop early
     while True:
-        vals, idx = _sorted_top(x, n)
+        vals, cols = _sorted(c, n)
         cum = torch.cumsum(torch.exp(vals - lse), -1)
-        pos = torch.arange(n, device=x.device)[None, :]
+        pos = torch.arange(n, device=vals.device)[None, :]
         cond = (cum >= tp) & (pos + 1 >= mk)
-        if n >= n_all or bool(cond.any(-1).all()):
+        if n >= w or bool(cond.any(-1).all()):
             break
-        n = n_all
-    last = _first_true(cond, n - 1)
-    for i in range(len(ub)):
-        ub[i] = min(ub[i], n)
-    return _rebuild(x, idx, vals, pos <= last[:, None])
+        n = min(w, n * 8)
+    return c.take(vals, cols, pos <= _first_true(cond, n - 1)[:, None])
 
 
-def _stage_min_p(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    logp = _vec([math.log(s.params.min_p) for s in seqs], x)[:, None]
-    keep = x >= x.amax(-1, keepdim=True) + logp
+def _stage_min_p(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    x = c.vals
+    keep = x >= x.amax(-1, keepdim=True) + _vec([math.log(s.params.min_p) for s in seqs], x)[:, None]
     mks = [s.params.min_keep for s in seqs]
     if max(mks) > 1:
         need = keep.sum(-1) < _vec(mks, x, torch.long)
         if bool(need.any()):
             m = min(max(mks), x.shape[1])
-            _, idx = _sorted_top(x, m)
+            _, cols = _sorted(c, m)
             top = torch.arange(m, device=x.device)[None, :] < _vec(mks, x, torch.long)[:, None]
-            extra = torch.zeros_like(keep).scatter_(1, idx, top)
-            keep = keep | (extra & need[:, None])
-    return torch.where(keep, x, NEG_INF)
+            keep = keep | (torch.zeros_like(keep).scatter_(1, cols, top) & need[:, None])
+    c.vals = torch.where(keep, x, NEG_INF)
+    return c
 
 
-def _stage_typ_p(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    n = min(x.shape[1], max(ub))
-    vals, idx = _sorted_top(x, n)
-    logp = vals - torch.logsumexp(x, -1, keepdim=True)
+def _stage_typ_p(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    n = c.vals.shape[1]
+    vals, cols = _sorted(c, n)
+    logp = vals - torch.logsumexp(vals, -1, keepdim=True)
     p = torch.exp(logp)
     live = p > 0
     ent = -torch.where(live, p * logp, 0.0).sum(-1, keepdim=True)
     score = torch.where(live, (-logp - ent).abs(), float("inf"))
     order = torch.sort(score, dim=-1, stable=True).indices
-    p_o, vals_o, idx_o = p.gather(-1, order), vals.gather(-1, order), idx.gather(-1, order)
-    cum = torch.cumsum(p_o, -1)
-    tp = _vec([s.params.typical_p for s in seqs], x)[:, None]
-    mk = _vec([s.params.min_keep for s in seqs], x, torch.long)[:, None]
-    pos = torch.arange(n, device=x.device)[None, :]
+    cum = torch.cumsum(p.gather(-1, order), -1)
+    tp = _vec([s.params.typical_p for s in seqs], vals)[:, None]
+    mk = _vec([s.params.min_keep for s in seqs], vals, torch.long)[:, None]
+    pos = torch.arange(n, device=vals.device)[None, :]
     last = _first_true((cum > tp) & ((mk == 0) | (pos >= mk - 1)), n - 1)
-    for i in range(len(ub)):
-        ub[i] = min(ub[i], n)
-    return _rebuild(x, idx_o, vals_o, pos <= last[:, None])
+    return c.take(vals.gather(-1, order), cols.gather(-1, order), pos <= last[:, None])
 
 
-def _stage_xtc(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    alive = torch.isfinite(x).sum(-1).tolist()
-    rows = []
-    for i, s in enumerate(seqs):
-        if alive[i] < 2:
-            continue
-        chance = float(torch.rand((), generator=s.rng))
-        if chance <= s.params.xtc_probability:
-            rows.append(i)
+def _stage_xtc(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    alive = (c.vals > NEG_INF).sum(-1).tolist()
+    rows = [i for i, s in enumerate(seqs) if alive[i] >= 2
+            and float(torch.rand((), generator=s.rng)) <= s.params.xtc_probability]
     if not rows:
-        return x
-    r = _vec(rows, x, torch.long)
-    sub = x[r]
-    n = min(x.shape[1], max(ub[i] for i in rows))
-    vals, idx = _sorted_top(sub, n)
-    p = torch.exp(vals - torch.logsumexp(sub, -1, keepdim=True))
-    thr = _vec([seqs[i].params.xtc_threshold for i in rows], x)[:, None]
-    pos_last = ((p >= thr).sum(-1) - 1).clamp(min=0)
-    size = _vec([alive[i] for i in rows], x, torch.long)
-    mk = _vec([seqs[i].params.min_keep for i in rows], x, torch.long)
-    ok = (size - pos_last >= mk) & (pos_last > 0)
-    pos = torch.arange(n, device=x.device)[None, :]
-    drop = ok[:, None] & (pos < pos_last[:, None])
-    x[r] = _rebuild(sub, idx, vals, (vals > NEG_INF) & ~drop)
-    return x
+        return c
+    r = _vec(rows, c.vals, torch.long)
+    sub = _Cand(c.vals[r], None if c.ids is None else c.ids[r])
+    vals, cols = _sorted(sub, sub.vals.shape[1])
+    p = torch.softmax(vals, -1)
+    thr = _vec([seqs[i].params.xtc_threshold for i in rows], p)[:, None]
+    last = ((p >= thr).sum(-1) - 1).clamp(min=0)  # the least likely token above the threshold stays
+    size = _vec([alive[i] for i in rows], p, torch.long)
+    ok = (size - last >= _vec([seqs[i].params.min_keep for i in rows], p, torch.long)) & (last > 0)
+    drop = ok[:, None] & (torch.arange(p.shape[1], device=p.device)[None, :] < last[:, None])
+    drop = torch.zeros_like(drop).scatter_(1, cols, drop)
+    c.vals[r] = torch.where(drop, NEG_INF, sub.vals)
+    return c
 
 
-def _apply_temp(x: Tensor, t: Tensor) -> Tensor:
-    """llama.cpp's temp_impl per row: t <= 0 keeps only the (first) argmax, else logits / t."""
-    greedy = (t <= 0)[:, None]
-    only_max = torch.arange(x.shape[1], device=x.device)[None, :] != x.argmax(-1, keepdim=True)
-    scaled = x / torch.where(t > 0, t, 1.0)[:, None]
-    return torch.where(greedy, torch.where(only_max, NEG_INF, x), scaled)
+def _apply_temp(c: _Cand, temps: list[float], t: Tensor | None = None) -> _Cand:
+    """llama.cpp's temp_impl per row: t <= 0 keeps only the first best, else logits / t."""
+    x = c.vals
+    if t is None:
+        if all(v == 1.0 for v in temps):
+            return c
+        t = _vec(temps, x)
+        if min(temps) > 0:
+            c.vals = x / t[:, None]
+            return c
+    only = torch.arange(x.shape[1], device=x.device)[None, :] == x.argmax(-1, keepdim=True)
+    best = torch.where(only, x, NEG_INF)
+    c.vals = torch.where((t <= 0)[:, None], best, x / torch.where(t > 0, t, 1.0)[:, None])
+    return c
 
 
-def _stage_temperature(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    t = _vec([s.params.temperature for s in seqs], x)
-    delta = _vec([s.params.dynatemp_range for s in seqs], x)
-    if bool((delta > 0).any()):
-        alive = torch.isfinite(x).sum(-1)
-        logp = torch.log_softmax(x, -1)
-        p = logp.exp()
-        ent = -torch.where(p > 0, p * logp, 0.0).sum(-1)
-        norm = ent / torch.log(alive.clamp(min=2).to(x.dtype))
-        expo = _vec([s.params.dynatemp_exponent for s in seqs], x)
-        lo, hi = (t - delta).clamp(min=0.0), t + delta
-        dyn = lo + (hi - lo) * norm.pow(expo)
-        t = torch.where(delta > 0, torch.where(alive > 1, dyn, 1.0), t)
-    return _apply_temp(x, t)
+def _stage_temperature(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+    temps = [s.params.temperature for s in seqs]
+    if all(s.params.dynatemp_range <= 0 for s in seqs):
+        return _apply_temp(c, temps)
+    x = c.vals
+    t, delta = _vec(temps, x), _vec([s.params.dynatemp_range for s in seqs], x)
+    alive = (x > NEG_INF).sum(-1)
+    logp = torch.log_softmax(x, -1)
+    p = logp.exp()
+    norm = -torch.where(p > 0, p * logp, 0.0).sum(-1) / torch.log(alive.clamp(min=2).to(x.dtype))
+    lo, hi = (t - delta).clamp(min=0.0), t + delta
+    dyn = lo + (hi - lo) * norm.pow(_vec([s.params.dynatemp_exponent for s in seqs], x))
+    return _apply_temp(c, temps, torch.where(delta > 0, torch.where(alive > 1, dyn, 1.0), t))
 
 
-def _stage_temp_plain(x: Tensor, seqs: list[SequenceSampler], ub: list[int]) -> Tensor:
-    return _apply_temp(x, _vec([s.params.temperature for s in seqs], x))
-
-
-_STAGES: dict[str, Callable[[Tensor, list[SequenceSampler], list[int]], Tensor]] = {
+_WRITES_IN_PLACE = frozenset({"penalties", "dry", "xtc"})
+_STAGES: dict[str, Stage] = {
     "penalties": _stage_penalties,
     "dry": _stage_dry,
     "top_n_sigma": _stage_top_n_sigma,
@@ -491,106 +527,108 @@ _STAGES: dict[str, Callable[[Tensor, list[SequenceSampler], list[int]], Tensor]]
     "min_p": _stage_min_p,
     "xtc": _stage_xtc,
     "temperature": _stage_temperature,
-    "temp": _stage_temp_plain,
+    "temp": lambda c, seqs: _apply_temp(c, [s.params.temperature for s in seqs]),
 }
 
 
 # -- final picks ------------------------------------------------------------------------------
 
 
-def _mirostat_row(x: Tensor, s: SequenceSampler) -> Tensor:
-    """Truncate one row [V] as mirostat v1/v2 does before its draw."""
-    vals, idx = torch.sort(x, descending=True, stable=True)
+def _mirostat_keep(x: Tensor, s: SequenceSampler) -> Tensor:
+    """Row [W] as mirostat v1/v2 truncates it before its draw."""
+    vals, cols = torch.sort(x, descending=True, stable=True)
     p = torch.softmax(vals, -1).double()
     if s.params.mirostat == 1:
         m = min(99, x.shape[0] - 1)
         i = torch.arange(m, dtype=torch.float64, device=x.device)
         t_i = torch.log((i + 2) / (i + 1))
-        b_i = torch.log(p[:m] / p[1 : m + 1])
-        s_hat = float((t_i * b_i).sum() / (t_i * t_i).sum())
-        eps = s_hat - 1.0
+        s_hat = float((t_i * torch.log(p[:m] / p[1 : m + 1])).sum() / (t_i * t_i).sum())
         try:
-            k = ((eps * 2.0**s.mu) / (1.0 - float(x.shape[0]) ** (-eps))) ** (1.0 / s_hat)
+            eps = s_hat - 1.0
+            k = ((eps * 2.0**s.mu) / (1.0 - float(s.vocab_size) ** (-eps))) ** (1.0 / s_hat)
         except (OverflowError, ZeroDivisionError):
             k = float("nan")
-        keep_n = max(int(k), 1) if isinstance(k, float) and math.isfinite(k) else 1
+        n = max(int(k), 1) if isinstance(k, float) and math.isfinite(k) else 1
     else:
-        surprise = -torch.log2(p)
-        keep_n = max(int(_first_true((surprise > s.mu)[None, :], x.shape[0])[0]), 1)
-    keep = torch.arange(x.shape[0], device=x.device) < keep_n
-    return torch.full_like(x, NEG_INF).scatter_(0, idx, torch.where(keep, vals, NEG_INF))
+        n = max(int(_first_true((-torch.log2(p) > s.mu)[None, :], x.shape[0])[0]), 1)
+    keep = torch.arange(x.shape[0], device=x.device) < n
+    return torch.full_like(x, NEG_INF).scatter_(0, cols, torch.where(keep, vals, NEG_INF))
 
 
-def _adaptive_transform(x: Tensor, seqs: list[SequenceSampler]) -> tuple[Tensor, Tensor]:
-    """adaptive-p: logits from the distance of each prob to the adapted target; (x, p_orig)."""
-    p = torch.softmax(x, -1)
-    targets: list[float] = []
+def _adaptive_transform(c: _Cand, seqs: list[SequenceSampler]) -> Tensor:
+    """adaptive-p: logits from each prob's distance to the adapted target; returns the old probs."""
+    p = torch.softmax(c.vals, -1)
+    targets, on = [], []
     for s in seqs:
         tgt = min(max(s.params.adaptive_target, 0.0), 1.0)
         a = tgt if s._ap_weight == 0.0 else 2.0 * tgt - s._ap_sum / s._ap_weight
         targets.append(min(max(a, 0.0), 1.0))
-    on = _vec([float(s.params.adaptive_target >= 0.0) for s in seqs], x)[:, None] > 0
-    d = (p - _vec(targets, x)[:, None]).abs() / 0.3
+        on.append(s.params.adaptive_target >= 0.0)
+    d = (p - _vec(targets, p)[:, None]).abs() / 0.3
     new = 5.0 - 10.0 * d * d / (1.0 + d)
-    return torch.where(on & torch.isfinite(x), new, x), p
+    c.vals = torch.where(_vec(on, p, torch.bool)[:, None] & (c.vals > NEG_INF), new, c.vals)
+    return p
 
 
-@dataclass
-class _Picked:
-    token: list[int]
-    prob: list[float]
-    top: list[list[tuple[int, float]]]
-
-
-def _draw(x: Tensor, seqs: list[SequenceSampler], n_top: list[int]) -> _Picked:
-    """The seeded draw over each row's live candidates (descending order, like llama.cpp)."""
-    alive = torch.isfinite(x).sum(-1)
-    n = max(1, int(alive.max()))
-    vals, ids = _sorted_top(x, min(n, x.shape[1]))
+def _pick(c: _Cand, seqs: list[SequenceSampler]) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    """The seeded draw (one uniform per row) over the live candidates, in token-id order."""
+    ids = c.token_ids()
+    vals = c.vals
+    if c.ids is not None:
+        ids, perm = ids.sort(dim=-1)
+        vals = vals.gather(-1, perm)
     probs = torch.nan_to_num(torch.softmax(vals, -1), nan=0.0)
     cum = torch.cumsum(probs.double(), -1)
-    u = torch.cat([torch.rand(1, generator=s.rng, dtype=torch.float64) for s in seqs]).to(x.device)
-    pos = torch.searchsorted(cum, (u * cum[:, -1])[:, None]).squeeze(-1)
-    pos = torch.minimum(pos, (alive - 1).clamp(min=0))
-    token = ids.gather(-1, pos[:, None]).squeeze(-1).tolist()
-    prob = probs.gather(-1, pos[:, None]).squeeze(-1).tolist()
-    k = min(max(n_top), vals.shape[1])
+    u = torch.cat([torch.rand(1, generator=s.rng, dtype=torch.float64) for s in seqs]).to(cum.device)
+    pos = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=vals.shape[1] - 1)
+    pos = torch.where(probs.gather(-1, pos) > 0, pos, probs.argmax(-1, keepdim=True))
+    token = ids.gather(-1, pos).squeeze(-1).tolist()
+    prob = probs.gather(-1, pos).squeeze(-1).tolist()
+    n_top = [s.params.n_probs if s.params.post_sampling_probs else 0 for s in seqs]
     top: list[list[tuple[int, float]]] = [[] for _ in seqs]
+    k = min(max(n_top), probs.shape[1])
     if k > 0:
-        top_p, top_i = probs[:, :k].tolist(), ids[:, :k].tolist()
+        tp, tc = torch.topk(probs, k, dim=-1)
+        tp_l, ti_l = tp.tolist(), ids.gather(-1, tc).tolist()
         for i, m in enumerate(n_top):
-            top[i] = [(t, q) for t, q in zip(top_i[i][:m], top_p[i][:m]) if q > 0.0]
-    return _Picked(token, prob, top)
+            top[i] = [(t, q) for t, q in zip(ti_l[i][:m], tp_l[i][:m]) if q > 0.0]
+    return token, prob, top
 
 
-def _run_stages(x: Tensor, samplers: list[SequenceSampler]) -> Tensor:
-    B, V = x.shape
-    ub = [V] * B
-    for step in range(max(len(s.plan) for s in samplers)):
-        groups: dict[str, list[int]] = {}
-        for i, s in enumerate(samplers):
-            if step < len(s.plan):
-                groups.setdefault(s.plan[step], []).append(i)
-        for name, rows in groups.items():
-            fn = _STAGES[name]
-            if len(rows) == B:
-                x = fn(x, samplers, ub)
-                continue
-            r = torch.tensor(rows, device=x.device)
-            sub_ub = [ub[i] for i in rows]
-            x[r] = fn(x[r], [samplers[i] for i in rows], sub_ub)
-            for i, b in zip(rows, sub_ub):
-                ub[i] = b
-    return x
+def _run_group(c: _Cand, seqs: list[SequenceSampler]) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
+    for name in seqs[0].plan:
+        c = _STAGES[name](c, seqs)
+    final = seqs[0].final
+    if final == "greedy":
+        for s in seqs:  # every row draws once per call, so its stream never depends on the plan
+            torch.rand(1, generator=s.rng, dtype=torch.float64)
+        col = c.vals.argmax(-1, keepdim=True)
+        token = c.token_ids().gather(-1, col).squeeze(-1).tolist()
+        return token, [1.0] * len(seqs), [[(t, 1.0)] if s.params.n_probs > 0 else [] for t, s in zip(token, seqs)]
+    if final.startswith("mirostat"):
+        for i, s in enumerate(seqs):
+            c.vals[i] = _mirostat_keep(c.vals[i], s)
+    p_orig = _adaptive_transform(c, seqs) if final == "adaptive_p" else None
+    token, prob, top = _pick(c, seqs)
+    for i, s in enumerate(seqs):
+        if final.startswith("mirostat") and prob[i] > 0.0:
+            surprise = -math.log2(prob[i])
+            s._pending_mu = s.mu - s.params.mirostat_eta * (surprise - s.params.mirostat_tau)
+    if p_orig is not None:
+        cols = (c.token_ids() == _vec(token, p_orig, torch.long)[:, None]).to(torch.uint8).argmax(-1)
+        for s, t, q in zip(seqs, token, p_orig.gather(-1, cols[:, None]).squeeze(-1).tolist()):
+            if s.params.adaptive_target >= 0.0:
+                s._ap_pending = (t, q)
+    return token, prob, top
 
 
 def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[SampleResult]:
     """Sample one token per row of ``logits`` [B, V'] (V' >= vocab_size; extra columns ignored).
 
     Rows are independent: row i uses only ``samplers[i]`` (its parameters, history and RNG).
-    Every row draws exactly one uniform from its generator per call (plus one per XTC coin
-    flip), so a seeded sequence is reproducible whatever shares its batch. ``accept`` is not
-    called here: the caller accepts the token it keeps.
+    Each row draws exactly one uniform from its generator per call (plus one per XTC coin
+    flip), so a seeded sequence is reproducible whatever shares its batch. Rows with the same
+    plan are sampled together. ``accept`` is not called here: the caller accepts the token.
     """
     samplers = list(samplers)
     B = len(samplers)
@@ -602,57 +640,28 @@ def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     if any(s.vocab_size != V for s in samplers) or logits.shape[1] < V:
         raise ValueError("all samplers must share vocab_size <= logits.shape[1]")
     raw = logits[:, :V].float()
-    x = raw.clone()
 
-    rows = [i for i, s in enumerate(samplers) for _ in s.bias]
-    if rows:
-        toks = [t for s in samplers for t, _ in s.bias]
-        vals = [b for s in samplers for _, b in s.bias]
-        x.index_put_((_vec(rows, x, torch.long), _vec(toks, x, torch.long)), _vec(vals, x), accumulate=True)
-
-    if any(s.plan for s in samplers):
-        x = _run_stages(x, samplers)
-
-    tokens: list[int] = [0] * B
-    post_prob: list[float] = [1.0] * B
-    post_top: list[list[tuple[int, float]]] = [[] for _ in samplers]
-    greedy = [i for i, s in enumerate(samplers) if s.final == "greedy"]
-    drawn = [i for i, s in enumerate(samplers) if s.final != "greedy"]
-    if greedy:
-        for s in (samplers[i] for i in greedy):
-            torch.rand(1, generator=s.rng, dtype=torch.float64)  # one draw per call, always
-        g = torch.tensor(greedy, device=x.device)
-        for i, t in zip(greedy, x[g].argmax(-1).tolist()):
-            tokens[i] = t
-            post_top[i] = [(t, 1.0)] if samplers[i].params.n_probs > 0 else []
-    if drawn:
-        r = torch.tensor(drawn, device=x.device)
-        sub = x[r] if len(drawn) < B else x
-        seqs = [samplers[i] for i in drawn]
-        for j, s in enumerate(seqs):
-            if s.final in ("mirostat1", "mirostat2"):
-                sub[j] = _mirostat_row(sub[j], s)
-        ap = [j for j, s in enumerate(seqs) if s.final == "adaptive_p"]
-        p_orig = None
-        if ap:
-            a = torch.tensor(ap, device=x.device)
-            sub[a], p_orig = _adaptive_transform(sub[a], [seqs[j] for j in ap])
-        n_top = [s.params.n_probs if s.params.post_sampling_probs else 0 for s in seqs]
-        picked = _draw(sub, seqs, n_top)
-        for j, i in enumerate(drawn):
-            tokens[i], post_prob[i], post_top[i] = picked.token[j], picked.prob[j], picked.top[j]
-            s = seqs[j]
-            if s.final in ("mirostat1", "mirostat2") and picked.prob[j] > 0.0:
-                surprise = -math.log2(picked.prob[j])
-                s._pending_mu = s.mu - s.params.mirostat_eta * (surprise - s.params.mirostat_tau)
-        if p_orig is not None:
-            chosen = torch.tensor([picked.token[j] for j in ap], device=x.device)
-            po = p_orig.gather(-1, chosen[:, None]).squeeze(-1).tolist()
-            for j, q in zip(ap, po):
-                if seqs[j].params.adaptive_target >= 0.0:
-                    seqs[j]._ap_pending = (picked.token[j], q)
-
-    return _results(raw, samplers, tokens, post_prob, post_top)
+    groups: dict[tuple[tuple[str, ...], str], list[int]] = {}
+    for i, s in enumerate(samplers):
+        groups.setdefault((s.plan, s.final), []).append(i)
+    tokens, probs = [0] * B, [1.0] * B
+    tops: list[list[tuple[int, float]]] = [[] for _ in range(B)]
+    for rows in groups.values():
+        seqs = [samplers[i] for i in rows]
+        bias = [(j, t, b) for j, s in enumerate(seqs) for t, b in s.bias]
+        if len(rows) < B:
+            x = raw[_vec(rows, raw, torch.long)]
+        elif bias or _WRITES_IN_PLACE.intersection(seqs[0].plan) or seqs[0].final.startswith("mirostat"):
+            x = raw.clone()
+        else:
+            x = raw  # every stage of this plan returns new tensors
+        if bias:
+            r, t, b = zip(*bias)
+            x.index_put_((_vec(r, x, torch.long), _vec(t, x, torch.long)), _vec(b, x), accumulate=True)
+        tok, prob, top = _run_group(_Cand(x), seqs)
+        for j, i in enumerate(rows):
+            tokens[i], probs[i], tops[i] = tok[j], prob[j], top[j]
+    return _results(raw, samplers, tokens, probs, tops)
 
 
 def _results(
@@ -662,19 +671,18 @@ def _results(
     post_prob: list[float],
     post_top: list[list[tuple[int, float]]],
 ) -> list[SampleResult]:
-    tok = torch.tensor(tokens, device=raw.device)
     lse = torch.logsumexp(raw, -1)
-    chosen = (raw.gather(-1, tok[:, None]).squeeze(-1) - lse).tolist()
+    chosen = (raw.gather(-1, _vec(tokens, raw, torch.long)[:, None]).squeeze(-1) - lse).tolist()
     raw_rows = [i for i, s in enumerate(samplers) if s.params.n_probs > 0 and not s.params.post_sampling_probs]
     raw_top: dict[int, list[tuple[int, float]]] = {}
     if raw_rows:
         k = min(max(samplers[i].params.n_probs for i in raw_rows), raw.shape[1])
-        r = torch.tensor(raw_rows, device=raw.device)
+        r = _vec(raw_rows, raw, torch.long)
         vals, ids = torch.topk(raw[r], k, dim=-1)
-        lp = (vals - lse[r][:, None]).tolist()
+        lp, il = (vals - lse[r][:, None]).tolist(), ids.tolist()
         for j, i in enumerate(raw_rows):
             m = samplers[i].params.n_probs
-            raw_top[i] = list(zip(ids[j, :m].tolist(), lp[j][:m]))
+            raw_top[i] = list(zip(il[j][:m], lp[j][:m]))
     out: list[SampleResult] = []
     for i, s in enumerate(samplers):
         if s.params.post_sampling_probs:

@@ -369,6 +369,7 @@ class ChatTemplate:
         override the model's ``tokenizer.chat_template`` is used (its ``tool_use`` variant, then ChatML,
         when missing); a model template that cannot render the startup example falls back to ChatML.
         """
+        tokens: dict[str, Any]
         if tokenizer is not None:
             tokens = dict(bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
                           add_bos=tokenizer.add_bos, add_eos=tokenizer.add_eos)

@@ -95,3 +95,10 @@ class ModelRunner:
                     i += n
         out = {sid: (ts[0] if len(ts) == 1 else torch.cat(ts)) for sid, ts in parts.items()}
         return RunOutput(logits=out, forward_s=time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def hidden_states(self, tokens: list[int], page_table: tuple[int, ...]) -> torch.Tensor:
+        """Final-normed hidden states [n, n_embd] (float32) of tokens at positions [0, n)."""
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        meta = build_meta([(0, len(tokens), list(page_table))], self.page_size, self.device)
+        return self.model(ids, meta.positions, self.kv, meta).float()

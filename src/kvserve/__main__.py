@@ -1,0 +1,91 @@
+"""kvserve command line: ``kvserve [llama-server flags]`` / ``python -m kvserve``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from .config import Config, ConfigError, load_config
+
+
+def _log_level(verbosity: int) -> int:
+    if verbosity >= 5:
+        return logging.DEBUG
+    if verbosity >= 3:
+        return logging.INFO
+    if verbosity == 2:
+        return logging.WARNING
+    return logging.ERROR
+
+
+def build_engine(cfg: Config):
+    """Load the model and build the engine the config describes (not started)."""
+    import torch
+
+    from .engine.engine import Engine, EngineOptions
+    from .model.chat_template import ChatTemplate
+    from .model.files import default_model_path
+    from .model.loader import DTYPES, load_gguf
+    from .model.tokenizer import Tokenizer
+
+    e, s = cfg.engine, cfg.server
+    if e.threads:
+        torch.set_num_threads(e.threads)
+    device = e.resolve_device(torch.cuda.is_available())
+    dtype = DTYPES[e.resolve_dtype(device)]
+    if e.cache_type_k != e.cache_type_v:
+        raise ConfigError("error: -ctk and -ctv must name the same type in kvserve (one KV page layout)")
+    path = e.model_path or default_model_path()
+    loaded = load_gguf(path, dtype=dtype, device=device)
+    logging.getLogger("kvserve").info(
+        "model loaded: %s (%s, %d layers) in %.1f s", loaded.cfg.name, loaded.cfg.arch, loaded.cfg.n_layer, loaded.load_s
+    )
+    tokenizer = Tokenizer.from_metadata(loaded.metadata)
+    template = ChatTemplate.from_metadata(loaded.metadata, s.chat_template)
+    plan = e.ctx_plan(loaded.cfg.n_ctx_train)
+    opts = EngineOptions(
+        n_slots=plan.n_parallel,
+        n_ctx=plan.n_ctx,
+        n_ctx_slot=plan.n_ctx_slot,
+        n_batch=e.n_batch,
+        n_ubatch=e.n_ubatch,
+        cont_batching=e.cont_batching,
+        context_shift=e.context_shift,
+        slot_prompt_similarity=e.slot_prompt_similarity,
+        n_predict=e.n_predict,
+        cache_ram_mib=e.cache_ram_mib,
+        kv_dtype=DTYPES[e.cache_type_k],
+        special=s.special,
+        slot_save_path=s.slot_save_path,
+        warmup=e.warmup,
+    )
+    logging.getLogger("kvserve").info(
+        "initializing, n_slots = %d, n_ctx_slot = %d, kv_unified = %s", plan.n_parallel, plan.n_ctx_slot,
+        str(plan.kv_unified).lower(),
+    )
+    return Engine(loaded, tokenizer, template, opts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cfg = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as e:
+        print(e.message, file=sys.stderr)
+        sys.exit(1)
+    logging.basicConfig(
+        level=_log_level(cfg.server.verbosity) if not cfg.server.log_disable else logging.CRITICAL,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        filename=cfg.server.log_file,
+    )
+    from .server.http_server import serve
+
+    try:
+        serve(cfg, lambda: build_engine(cfg))
+    except ConfigError as e:
+        print(e.message, file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

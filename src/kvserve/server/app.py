@@ -1,0 +1,76 @@
+"""The FastAPI app: llama-server's HTTP API over an ``EngineAPI``.
+
+``create_app(engine, cfg)`` wires routes (under ``--api-prefix``), the pre-routing middleware
+(CORS, 503 while loading, API key, ``Server: llama.cpp``), JSON error handlers (llama-server's
+error body; unknown paths are a JSON 404) and the request-body documentation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+import kvserve
+from kvserve.server import routes_generate, routes_misc
+from kvserve.server.engine_api import EngineAPI
+from kvserve.server.errors import ApiError, invalid, not_found_body
+from kvserve.server.jsonio import JSONResponse, error_response
+from kvserve.server.middleware import LlamaMiddleware
+from kvserve.server.schemas import install_openapi
+from kvserve.server.settings import ServerSettings
+
+log = logging.getLogger("kvserve.server")
+
+
+def settings_for(engine: EngineAPI, cfg: Any) -> ServerSettings:
+    if isinstance(cfg, ServerSettings):
+        return cfg
+    return ServerSettings.from_config(cfg, n_slots=getattr(engine, "n_slots", None))
+
+
+def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
+    """``cfg``: a ``kvserve.config.ServerConfig`` (read through ``ServerSettings.from_config``)
+    or a ``ServerSettings``."""
+    s = settings_for(engine, cfg)
+    app = FastAPI(
+        title="kvserve",
+        version=kvserve.__version__,
+        description="llama-server compatible HTTP API (native llama.cpp and OpenAI endpoints).",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    app.state.engine = engine
+    app.state.settings = s
+    app.state.t_start = time.time()
+
+    app.include_router(routes_misc.make_router(s.api_prefix))
+    app.include_router(routes_generate.make_router(s.api_prefix))
+
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError) -> Response:
+        if exc.code >= 500:
+            log.warning("request failed: %d %s", exc.code, exc.type)
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code in (404, 405):
+            return JSONResponse(not_found_body(), 404)
+        return error_response(ApiError(str(exc.detail), code=exc.status_code,
+                                       type="invalid_request_error" if exc.status_code < 500 else "server_error"))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(invalid(str(exc.errors()[0].get("msg", "invalid request")) if exc.errors()
+                                      else "invalid request"))
+
+    install_openapi(app)
+    app.add_middleware(LlamaMiddleware, settings=s, is_ready=lambda: bool(engine.ready))
+    return app

@@ -1,0 +1,86 @@
+"""``GET /metrics``: Prometheus text in llama-server's names, order and HELP strings, then
+kvserve's own cache metrics.
+
+The engine's ``metrics_snapshot()`` gives llama-server names without the ``llamacpp:`` prefix
+(missing ones read 0) and kvserve metrics as ``kvserve:<name>`` or
+``kvserve:<name>{label="value"}``. Labels must come from small fixed sets (a stop reason, a
+tier) -- never a request id, a tenant or text -- so the series count stays bounded.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+CONTENT_TYPE = "text/plain; version=0.0.4"
+
+# (name, type, help) in llama-server's order (server_task_result_metrics::to_metrics).
+LLAMA_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens"),
+    ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache"),
+    ("prompt_seconds_total", "counter", "Total time spent processing prompts"),
+    ("tokens_predicted_total", "counter", "Number of generation tokens processed"),
+    ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens"),
+    ("n_decode_total", "counter",
+     "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding"),
+    ("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)"),
+    ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated"),
+    ("spec_decode_num_accepted_tokens_total", "counter",
+     "Speculative: Total draft tokens accepted by the target model"),
+    ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps"),
+    ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s"),
+    ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s"),
+    ("requests_processing", "gauge", "Number of requests processing"),
+    ("requests_deferred", "gauge", "Number of requests deferred"),
+    ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call"),
+)
+
+# Known kvserve metrics; others still render, typed by their suffix.
+KVSERVE_HELP: dict[str, str] = {
+    "cache_lookups_total": "Prompt-cache lookups",
+    "cache_hit_tokens_total": "Prompt tokens served from the shared prefix cache",
+    "cache_miss_tokens_total": "Prompt tokens not found in the prefix cache",
+    "cache_reuse_tokens_total": "Prompt tokens reused by KV shifting (--cache-reuse)",
+    "cache_evicted_pages_total": "KV pages evicted from the prefix cache",
+    "cache_pages_total": "KV pages in the pool",
+    "cache_pages_used": "KV pages held by running sequences",
+    "cache_pages_cached": "KV pages held only by the prefix cache",
+    "cache_pages_free": "Free KV pages",
+    "cache_bytes": "Bytes of KV held by the prefix cache",
+}
+
+_SERIES = re.compile(r"^kvserve:([a-zA-Z_][a-zA-Z0-9_]*)(\{.*\})?$")
+
+
+def _num(v: Any) -> str:
+    f = float(v)
+    if f != f or f in (float("inf"), float("-inf")):
+        return "0"
+    return str(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
+
+
+def render(snapshot: Mapping[str, Any]) -> str:
+    lines: list[str] = []
+    for name, typ, help_ in LLAMA_METRICS:
+        full = "llamacpp:" + name
+        lines += [f"# HELP {full} {help_}", f"# TYPE {full} {typ}", f"{full} {_num(snapshot.get(name, 0))}"]
+    per_pos = sorted((k, v) for k, v in snapshot.items()
+                     if k.startswith("spec_decode_num_accepted_tokens_per_pos_total{"))
+    if per_pos:
+        full = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {full} Speculative: accepted draft tokens per draft position",
+                  f"# TYPE {full} counter"]
+        lines += [f"llamacpp:{k} {_num(v)}" for k, v in per_pos]
+
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for key, v in snapshot.items():
+        m = _SERIES.match(key)
+        if m:
+            groups.setdefault(m.group(1), []).append((m.group(2) or "", v))
+    for name in sorted(groups):
+        full = "kvserve:" + name
+        typ = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# HELP {full} {KVSERVE_HELP.get(name, 'kvserve ' + name.replace('_', ' '))}",
+                  f"# TYPE {full} {typ}"]
+        lines += [f"{full}{labels} {_num(v)}" for labels, v in sorted(groups[name], key=lambda x: x[0])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,67 @@
+"""Routes that run the model: completions, chat, infill, embeddings (thin: see completions.py)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from kvserve.server import embeddings
+from kvserve.server.completions import Kind, handle
+from kvserve.server.errors import disabled_endpoint
+from kvserve.server.jsonio import JSONResponse, read_object
+from kvserve.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    InfillRequest,
+    doc_body,
+)
+
+
+def make_router(prefix: str) -> APIRouter:
+    r = APIRouter(prefix=prefix)
+
+    @r.post("/completion", openapi_extra=doc_body(CompletionRequest), tags=["llama.cpp"])
+    @r.post("/completions", openapi_extra=doc_body(CompletionRequest), tags=["llama.cpp"],
+            include_in_schema=False)
+    async def completion(request: Request) -> Response:
+        """Native completion; several prompts give an array of results."""
+        return await handle(request, Kind.NATIVE, await read_object(request))
+
+    @r.post("/v1/completions", openapi_extra=doc_body(CompletionRequest), tags=["OpenAI"])
+    async def oai_completion(request: Request) -> Response:
+        """OpenAI text completion (``choices[].text``), SSE ends with ``data: [DONE]``."""
+        return await handle(request, Kind.OAI_COMPLETION, await read_object(request))
+
+    @r.post("/v1/chat/completions", openapi_extra=doc_body(ChatCompletionRequest), tags=["OpenAI"])
+    @r.post("/chat/completions", openapi_extra=doc_body(ChatCompletionRequest), tags=["OpenAI"],
+            include_in_schema=False)
+    async def chat_completion(request: Request) -> Response:
+        """OpenAI chat completion."""
+        return await handle(request, Kind.OAI_CHAT, await read_object(request))
+
+    @r.post("/infill", openapi_extra=doc_body(InfillRequest), tags=["llama.cpp"])
+    async def infill(request: Request) -> Response:
+        """Fill-in-the-middle (needs the model's FIM tokens); native completion format."""
+        return await handle(request, Kind.INFILL, await read_object(request))
+
+    @r.post("/embedding", openapi_extra=doc_body(EmbeddingRequest), tags=["llama.cpp"])
+    @r.post("/embeddings", openapi_extra=doc_body(EmbeddingRequest), tags=["llama.cpp"],
+            include_in_schema=False)
+    async def embedding(request: Request) -> Response:
+        """Native embeddings (needs --embeddings)."""
+        st = request.app.state
+        return JSONResponse(await embeddings.compute(st.engine, st.settings, await read_object(request), oai=False))
+
+    @r.post("/v1/embeddings", openapi_extra=doc_body(EmbeddingRequest), tags=["OpenAI"])
+    async def oai_embeddings(request: Request) -> Response:
+        """OpenAI embeddings (needs --embeddings)."""
+        st = request.app.state
+        return JSONResponse(await embeddings.compute(st.engine, st.settings, await read_object(request), oai=True))
+
+    for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
+        @r.post(path, include_in_schema=False)
+        async def rerank(request: Request) -> Response:
+            raise disabled_endpoint("reranking", "--reranking")
+
+    return r
