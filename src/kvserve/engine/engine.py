@@ -66,6 +66,10 @@ class Engine:
         ps = opts.page_size
         # Every slot can hold a partial page and a copy-on-write page beyond its share.
         n_pages = -(-n_ctx // ps) + 2 * opts.n_slots + 2
+        if opts.context_shift:
+            # A shift rewrites the kept tail into fresh pages while the old ones are still
+            # shared with the prefix index: room for one more slot's worth of pages.
+            n_pages += -(-self.n_ctx_slot // ps)
         self.runner = ModelRunner(loaded, n_pages, ps, opts.kv_dtype, opts.n_ubatch)
         page_bytes = self.runner.kv.bytes_per_page
         if opts.cache_ram_mib < 0:

@@ -135,7 +135,7 @@ class SequenceSampler:
             bias += [(t, NEG_INF) for t in self.eog_ids]
         self.bias = [(t, b) for t, b in bias if 0 <= t < self.vocab_size]
 
-        hist = list(history)
+        hist = [t for t in map(int, history) if 0 <= t < self.vocab_size]
         n_pen = params.repeat_last_n
         self._pen_on = "penalties" in self.plan
         self._pen_win: deque[int] = deque(maxlen=n_pen if n_pen > 0 else None)
@@ -162,12 +162,11 @@ class SequenceSampler:
         self._ap_sum = params.adaptive_target / (1.0 - decay)
         self._ap_weight = 1.0 / (1.0 - decay)
         self._ap_pending: tuple[int, float] | None = None
-        self.n_accepted = len(hist)
 
     def accept(self, token: int) -> None:
         """Record an accepted token: penalty/DRY windows, mirostat mu, adaptive-p average."""
         token = int(token)
-        if self._pen_on:
+        if self._pen_on and 0 <= token < self.vocab_size:
             win = self._pen_win
             if win.maxlen is not None and len(win) == win.maxlen:
                 old = win[0]
@@ -176,7 +175,7 @@ class SequenceSampler:
                     del self._pen_counts[old]
             win.append(token)
             self._pen_counts[token] += 1
-        if self._dry_on:
+        if self._dry_on and 0 <= token < self.vocab_size:
             self._dry_win.append(token)
         if self._pending_mu is not None:
             self.mu = self._pending_mu
@@ -187,7 +186,6 @@ class SequenceSampler:
                 self._ap_sum = p_orig + self._ap_decay * self._ap_sum
                 self._ap_weight = 1.0 + self._ap_decay * self._ap_weight
             self._ap_pending = None
-        self.n_accepted += 1
 
     def sample(self, logits: Tensor) -> SampleResult:
         """Sample one token from a [V] (or [1, V]) logits row."""
@@ -292,9 +290,32 @@ def build_dry_breakers(
 
 # -- candidate sets and batched stages -------------------------------------------------------
 #
-# A group of rows with the same plan shares one _Cand: ``vals[b, W]`` logits (-inf = removed)
-# and ``ids[b, W]`` their token ids (None while W == V and column == token id). Truncating
-# stages (top_k, top_p, typ_p) shrink W, so the rest of a default chain works on ~40 columns.
+# Rows with the same plan form a _Group and share one _Cand: ``vals[b, W]`` logits (-inf =
+# removed) and ``ids[b, W]`` their token ids (None while W == V and column == token id).
+# Truncating stages (top_k, top_p, typ_p) shrink W, so after top_k a default chain works on
+# ~40 columns. All per-row numbers go to the device in one copy (_Group.cols).
+
+_COLS = ("u", "top_p", "min_p", "min_keep", "typical_p", "top_n_sigma", "temperature",
+         "dynatemp_range", "dynatemp_exponent", "xtc_threshold", "repeat_penalty",
+         "frequency_penalty", "presence_penalty")
+
+
+class _Group:
+    """Rows sharing a plan: their samplers and their parameters as device columns."""
+
+    def __init__(self, seqs: list[SequenceSampler], device: torch.device) -> None:
+        self.seqs = seqs
+        table = []
+        for s in seqs:  # the row's one uniform of this call, drawn before any XTC coin
+            p = s.params
+            u = float(torch.rand((), generator=s.rng, dtype=torch.float64))
+            table.append([u, p.top_p, p.min_p, p.min_keep, p.typical_p, p.top_n_sigma, p.temperature,
+                          p.dynatemp_range, p.dynatemp_exponent, p.xtc_threshold, p.repeat_penalty,
+                          p.frequency_penalty, p.presence_penalty])
+        self.table = torch.tensor(table, dtype=torch.float64, device=device)
+
+    def col(self, name: str, dtype: torch.dtype = torch.float32) -> Tensor:
+        return self.table[:, _COLS.index(name)].to(dtype)
 
 
 @dataclass
@@ -314,7 +335,7 @@ class _Cand:
         return _Cand(torch.where(keep, vals, NEG_INF), ids)
 
 
-Stage = Callable[[_Cand, list[SequenceSampler]], _Cand]
+Stage = Callable[[_Cand, _Group], _Cand]
 
 
 def _vec(values: Sequence[float] | Sequence[int], like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -327,21 +348,25 @@ def _sorted(c: _Cand, n: int) -> tuple[Tensor, Tensor]:
     if c.ids is None:
         if n >= w:
             return torch.sort(c.vals, dim=-1, descending=True, stable=True)
-        vals, cols = torch.topk(c.vals, n, dim=-1)
-        cols, perm = cols.sort(dim=-1)
+        _, cols = torch.topk(c.vals, n, dim=-1)
+        cols = cols.sort(dim=-1).values
     else:
-        _, cols = c.ids.sort(dim=-1)
+        cols = c.ids.sort(dim=-1).indices
     vals, perm = c.vals.gather(-1, cols).sort(dim=-1, descending=True, stable=True)
     return vals[:, :n], cols.gather(-1, perm)[:, :n]
 
 
-def _first_true(cond: Tensor, default: int) -> Tensor:
-    """Index of the first True per row, ``default`` where there is none."""
-    return torch.where(cond.any(-1), cond.to(torch.uint8).argmax(-1), default)
+def _keep_prefix(below: Tensor, min_keep: Tensor) -> Tensor:
+    """Keep mask for sorted columns: the first column not ``below`` and all before it, at least
+    ``min_keep`` columns. ``below`` must be a prefix (True then False) along each row."""
+    n = below.shape[1]
+    last = torch.maximum(below.sum(-1), min_keep - 1).clamp(max=n - 1)
+    return torch.arange(n, device=below.device)[None, :] <= last[:, None]
 
 
 def _add_at(c: _Cand, rows: list[int], toks: list[int], fn: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """vals[row, column of tok] = fn(old values, entry index) for each (row, tok) present."""
+    """vals[row, column of tok] = fn(old values, entry index) for each distinct (row, tok)
+    present (tokens are < V: the samplers drop others on accept)."""
     if not rows:
         return
     r, t = _vec(rows, c.vals, torch.long), _vec(toks, c.vals, torch.long)
@@ -355,31 +380,29 @@ def _add_at(c: _Cand, rows: list[int], toks: list[int], fn: Callable[[Tensor, Te
     c.vals[r, col] = fn(c.vals[r, col], e)
 
 
-def _stage_penalties(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
-    rows, toks, cnts, rp, fp, pp = [], [], [], [], [], []
-    for i, s in enumerate(seqs):
-        p = s.params
-        for tok, n in s._pen_counts.items():
-            rows.append(i)
-            toks.append(tok)
-            cnts.append(n)
-            rp.append(p.repeat_penalty)
-            fp.append(p.frequency_penalty)
-            pp.append(p.presence_penalty)
-    like = c.vals
-    cnt, rpt, fpt, ppt = _vec(cnts, like), _vec(rp, like), _vec(fp, like), _vec(pp, like)
+def _stage_penalties(c: _Cand, g: _Group) -> _Cand:
+    rows: list[int] = []
+    toks: list[int] = []
+    cnts: list[int] = []
+    for i, s in enumerate(g.seqs):
+        rows += [i] * len(s._pen_counts)
+        toks += s._pen_counts.keys()
+        cnts += s._pen_counts.values()
+    if rows:
+        r, cnt = _vec(rows, c.vals, torch.long), _vec(cnts, c.vals)
+        rp, fp, pp = (g.col(n)[r] for n in ("repeat_penalty", "frequency_penalty", "presence_penalty"))
 
-    def apply(v: Tensor, e: Tensor) -> Tensor:
-        v = torch.where(v <= 0, v * rpt[e], v / rpt[e])
-        return v - (cnt[e] * fpt[e] + ppt[e])
+        def apply(v: Tensor, e: Tensor) -> Tensor:
+            v = torch.where(v <= 0, v * rp[e], v / rp[e])
+            return v - (cnt[e] * fp[e] + pp[e])
 
-    _add_at(c, rows, toks, apply)
+        _add_at(c, rows, toks, apply)
     return c
 
 
-def _stage_dry(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+def _stage_dry(c: _Cand, g: _Group) -> _Cand:
     rows, toks, pens = [], [], []
-    for i, s in enumerate(seqs):
+    for i, s in enumerate(g.seqs):
         for tok, pen in s.dry_penalties().items():
             rows.append(i)
             toks.append(tok)
@@ -389,85 +412,78 @@ def _stage_dry(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
     return c
 
 
-def _stage_top_n_sigma(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+def _stage_top_n_sigma(c: _Cand, g: _Group) -> _Cand:
     x = c.vals
-    n = _vec([s.params.top_n_sigma for s in seqs], x)[:, None]
     finite = x > NEG_INF
     cnt = finite.sum(-1, keepdim=True).clamp(min=1)
     mean = torch.where(finite, x, 0.0).sum(-1, keepdim=True) / cnt
     std = (torch.where(finite, (x - mean) ** 2, 0.0).sum(-1, keepdim=True) / cnt).sqrt()
-    c.vals = torch.where(x < x.amax(-1, keepdim=True) - n * std, NEG_INF, x)
+    c.vals = torch.where(x < x.amax(-1, keepdim=True) - g.col("top_n_sigma")[:, None] * std, NEG_INF, x)
     return c
 
 
-def _stage_top_k(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+def _stage_top_k(c: _Cand, g: _Group) -> _Cand:
     w = c.vals.shape[1]
-    ks = [min(s.params.top_k, w) for s in seqs]
-    k = max(k for k in ks if k < w) if min(ks) < w else 0
-    if k == 0:
+    ks = [min(s.params.top_k, w) for s in g.seqs]
+    cut = [k for k in ks if k < w]
+    if not cut:
         return c
-    vals, cols = torch.topk(c.vals, k, dim=-1)
-    keep = torch.arange(k, device=vals.device)[None, :] < _vec(ks, vals, torch.long)[:, None]
-    if max(ks) < w:
+    vals, cols = torch.topk(c.vals, max(cut), dim=-1)
+    keep = torch.arange(max(cut), device=vals.device)[None, :] < _vec(ks, vals, torch.long)[:, None]
+    if len(cut) == len(ks):
         return c.take(vals, cols, keep)
-    whole = _vec([kk >= w for kk in ks], vals, torch.bool)[:, None]  # rows keeping everything
+    whole = _vec([k >= w for k in ks], vals, torch.bool)[:, None]  # rows keeping everything
     mask = torch.zeros_like(c.vals, dtype=torch.bool).scatter_(1, cols, keep) | whole
     c.vals = torch.where(mask, c.vals, NEG_INF)
     return c
 
 
-def _stage_top_p(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+def _stage_top_p(c: _Cand, g: _Group) -> _Cand:
     w = c.vals.shape[1]
-    tp = _vec([s.params.top_p for s in seqs], c.vals)[:, None]
-    mk = _vec([s.params.min_keep for s in seqs], c.vals, torch.long)[:, None]
+    tp = g.col("top_p")[:, None]
     lse = torch.logsumexp(c.vals, -1, keepdim=True)
     n = w if w <= 1024 else 256  # like llama.cpp, try a sorted prefix first: most rows stop early
     while True:
         vals, cols = _sorted(c, n)
-        cum = torch.cumsum(torch.exp(vals - lse), -1)
-        pos = torch.arange(n, device=vals.device)[None, :]
-        cond = (cum >= tp) & (pos + 1 >= mk)
-        if n >= w or bool(cond.any(-1).all()):
+        below = torch.cumsum(torch.exp(vals - lse), -1) < tp
+        if n >= w or not bool(below.all(-1).any()):
             break
         n = min(w, n * 8)
-    return c.take(vals, cols, pos <= _first_true(cond, n - 1)[:, None])
+    return c.take(vals, cols, _keep_prefix(below, g.col("min_keep", torch.long)))
 
 
-def _stage_min_p(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+def _stage_min_p(c: _Cand, g: _Group) -> _Cand:
     x = c.vals
-    keep = x >= x.amax(-1, keepdim=True) + _vec([math.log(s.params.min_p) for s in seqs], x)[:, None]
-    mks = [s.params.min_keep for s in seqs]
+    keep = x >= x.amax(-1, keepdim=True) + torch.log(g.col("min_p"))[:, None]
+    mks = [s.params.min_keep for s in g.seqs]
     if max(mks) > 1:
-        need = keep.sum(-1) < _vec(mks, x, torch.long)
+        mk = g.col("min_keep", torch.long)
+        need = keep.sum(-1) < mk
         if bool(need.any()):
             m = min(max(mks), x.shape[1])
             _, cols = _sorted(c, m)
-            top = torch.arange(m, device=x.device)[None, :] < _vec(mks, x, torch.long)[:, None]
+            top = torch.arange(m, device=x.device)[None, :] < mk[:, None]
             keep = keep | (torch.zeros_like(keep).scatter_(1, cols, top) & need[:, None])
     c.vals = torch.where(keep, x, NEG_INF)
     return c
 
 
-def _stage_typ_p(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
-    n = c.vals.shape[1]
-    vals, cols = _sorted(c, n)
+def _stage_typ_p(c: _Cand, g: _Group) -> _Cand:
+    vals, cols = _sorted(c, c.vals.shape[1])
     logp = vals - torch.logsumexp(vals, -1, keepdim=True)
     p = torch.exp(logp)
     live = p > 0
     ent = -torch.where(live, p * logp, 0.0).sum(-1, keepdim=True)
     score = torch.where(live, (-logp - ent).abs(), float("inf"))
     order = torch.sort(score, dim=-1, stable=True).indices
-    cum = torch.cumsum(p.gather(-1, order), -1)
-    tp = _vec([s.params.typical_p for s in seqs], vals)[:, None]
-    mk = _vec([s.params.min_keep for s in seqs], vals, torch.long)[:, None]
-    pos = torch.arange(n, device=vals.device)[None, :]
-    last = _first_true((cum > tp) & ((mk == 0) | (pos >= mk - 1)), n - 1)
-    return c.take(vals.gather(-1, order), cols.gather(-1, order), pos <= last[:, None])
+    below = torch.cumsum(p.gather(-1, order), -1) <= g.col("typical_p")[:, None]
+    keep = _keep_prefix(below, g.col("min_keep", torch.long))
+    return c.take(vals.gather(-1, order), cols.gather(-1, order), keep)
 
 
-def _stage_xtc(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
+def _stage_xtc(c: _Cand, g: _Group) -> _Cand:
     alive = (c.vals > NEG_INF).sum(-1).tolist()
-    rows = [i for i, s in enumerate(seqs) if alive[i] >= 2
+    rows = [i for i, s in enumerate(g.seqs) if alive[i] >= 2
             and float(torch.rand((), generator=s.rng)) <= s.params.xtc_probability]
     if not rows:
         return c
@@ -475,45 +491,38 @@ def _stage_xtc(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
     sub = _Cand(c.vals[r], None if c.ids is None else c.ids[r])
     vals, cols = _sorted(sub, sub.vals.shape[1])
     p = torch.softmax(vals, -1)
-    thr = _vec([seqs[i].params.xtc_threshold for i in rows], p)[:, None]
-    last = ((p >= thr).sum(-1) - 1).clamp(min=0)  # the least likely token above the threshold stays
+    last = ((p >= g.col("xtc_threshold")[r][:, None]).sum(-1) - 1).clamp(min=0)  # it stays
     size = _vec([alive[i] for i in rows], p, torch.long)
-    ok = (size - last >= _vec([seqs[i].params.min_keep for i in rows], p, torch.long)) & (last > 0)
+    ok = (size - last >= g.col("min_keep", torch.long)[r]) & (last > 0)
     drop = ok[:, None] & (torch.arange(p.shape[1], device=p.device)[None, :] < last[:, None])
-    drop = torch.zeros_like(drop).scatter_(1, cols, drop)
-    c.vals[r] = torch.where(drop, NEG_INF, sub.vals)
+    c.vals[r] = torch.where(torch.zeros_like(drop).scatter_(1, cols, drop), NEG_INF, sub.vals)
     return c
 
 
-def _apply_temp(c: _Cand, temps: list[float], t: Tensor | None = None) -> _Cand:
+def _apply_temp(c: _Cand, t: Tensor, all_positive: bool) -> _Cand:
     """llama.cpp's temp_impl per row: t <= 0 keeps only the first best, else logits / t."""
     x = c.vals
-    if t is None:
-        if all(v == 1.0 for v in temps):
-            return c
-        t = _vec(temps, x)
-        if min(temps) > 0:
-            c.vals = x / t[:, None]
-            return c
-    only = torch.arange(x.shape[1], device=x.device)[None, :] == x.argmax(-1, keepdim=True)
-    best = torch.where(only, x, NEG_INF)
-    c.vals = torch.where((t <= 0)[:, None], best, x / torch.where(t > 0, t, 1.0)[:, None])
+    if all_positive:
+        c.vals = x / t[:, None]
+        return c
+    best = torch.arange(x.shape[1], device=x.device)[None, :] == x.argmax(-1, keepdim=True)
+    c.vals = torch.where((t <= 0)[:, None], torch.where(best, x, NEG_INF), x / torch.where(t > 0, t, 1.0)[:, None])
     return c
 
 
-def _stage_temperature(c: _Cand, seqs: list[SequenceSampler]) -> _Cand:
-    temps = [s.params.temperature for s in seqs]
-    if all(s.params.dynatemp_range <= 0 for s in seqs):
-        return _apply_temp(c, temps)
-    x = c.vals
-    t, delta = _vec(temps, x), _vec([s.params.dynatemp_range for s in seqs], x)
+def _stage_temperature(c: _Cand, g: _Group) -> _Cand:
+    t = g.col("temperature")
+    if all(s.params.dynatemp_range <= 0 for s in g.seqs):
+        return _apply_temp(c, t, all(s.params.temperature > 0 for s in g.seqs))
+    x, delta = c.vals, g.col("dynatemp_range")
     alive = (x > NEG_INF).sum(-1)
     logp = torch.log_softmax(x, -1)
     p = logp.exp()
     norm = -torch.where(p > 0, p * logp, 0.0).sum(-1) / torch.log(alive.clamp(min=2).to(x.dtype))
     lo, hi = (t - delta).clamp(min=0.0), t + delta
-    dyn = lo + (hi - lo) * norm.pow(_vec([s.params.dynatemp_exponent for s in seqs], x))
-    return _apply_temp(c, temps, torch.where(delta > 0, torch.where(alive > 1, dyn, 1.0), t))
+    dyn = lo + (hi - lo) * norm.pow(g.col("dynatemp_exponent"))
+    t = torch.where(delta > 0, torch.where(alive > 1, dyn, 1.0), t)
+    return _apply_temp(c, t, False)  # a dynamic temperature may reach 0
 
 
 _WRITES_IN_PLACE = frozenset({"penalties", "dry", "xtc"})
@@ -527,7 +536,7 @@ _STAGES: dict[str, Stage] = {
     "min_p": _stage_min_p,
     "xtc": _stage_xtc,
     "temperature": _stage_temperature,
-    "temp": lambda c, seqs: _apply_temp(c, [s.params.temperature for s in seqs]),
+    "temp": lambda c, g: _apply_temp(c, g.col("temperature"), all(s.params.temperature > 0 for s in g.seqs)),
 }
 
 
@@ -550,16 +559,16 @@ def _mirostat_keep(x: Tensor, s: SequenceSampler) -> Tensor:
             k = float("nan")
         n = max(int(k), 1) if isinstance(k, float) and math.isfinite(k) else 1
     else:
-        n = max(int(_first_true((-torch.log2(p) > s.mu)[None, :], x.shape[0])[0]), 1)
+        n = max(int((-torch.log2(p) <= s.mu).to(torch.int32).cumprod(0).sum()), 1)
     keep = torch.arange(x.shape[0], device=x.device) < n
     return torch.full_like(x, NEG_INF).scatter_(0, cols, torch.where(keep, vals, NEG_INF))
 
 
-def _adaptive_transform(c: _Cand, seqs: list[SequenceSampler]) -> Tensor:
+def _adaptive_transform(c: _Cand, g: _Group) -> Tensor:
     """adaptive-p: logits from each prob's distance to the adapted target; returns the old probs."""
     p = torch.softmax(c.vals, -1)
     targets, on = [], []
-    for s in seqs:
+    for s in g.seqs:
         tgt = min(max(s.params.adaptive_target, 0.0), 1.0)
         a = tgt if s._ap_weight == 0.0 else 2.0 * tgt - s._ap_sum / s._ap_weight
         targets.append(min(max(a, 0.0), 1.0))
@@ -570,56 +579,96 @@ def _adaptive_transform(c: _Cand, seqs: list[SequenceSampler]) -> Tensor:
     return p
 
 
-def _pick(c: _Cand, seqs: list[SequenceSampler]) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
-    """The seeded draw (one uniform per row) over the live candidates, in token-id order."""
-    ids = c.token_ids()
-    vals = c.vals
+def _pick(c: _Cand, g: _Group) -> tuple[Tensor, Tensor]:
+    """The seeded draw over the live candidates in token-id order: (token, its prob).
+
+    Leaves ``c`` holding the final candidates as probabilities (for post-sampling probs)."""
+    ids, vals = c.token_ids(), c.vals
     if c.ids is not None:
         ids, perm = ids.sort(dim=-1)
         vals = vals.gather(-1, perm)
     probs = torch.nan_to_num(torch.softmax(vals, -1), nan=0.0)
     cum = torch.cumsum(probs.double(), -1)
-    u = torch.cat([torch.rand(1, generator=s.rng, dtype=torch.float64) for s in seqs]).to(cum.device)
-    pos = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=vals.shape[1] - 1)
+    pos = torch.searchsorted(cum, (g.col("u", torch.float64) * cum[:, -1])[:, None], right=True)
+    pos = pos.clamp(max=vals.shape[1] - 1)
     pos = torch.where(probs.gather(-1, pos) > 0, pos, probs.argmax(-1, keepdim=True))
-    token = ids.gather(-1, pos).squeeze(-1).tolist()
-    prob = probs.gather(-1, pos).squeeze(-1).tolist()
-    n_top = [s.params.n_probs if s.params.post_sampling_probs else 0 for s in seqs]
-    top: list[list[tuple[int, float]]] = [[] for _ in seqs]
-    k = min(max(n_top), probs.shape[1])
-    if k > 0:
-        tp, tc = torch.topk(probs, k, dim=-1)
-        tp_l, ti_l = tp.tolist(), ids.gather(-1, tc).tolist()
-        for i, m in enumerate(n_top):
-            top[i] = [(t, q) for t, q in zip(ti_l[i][:m], tp_l[i][:m]) if q > 0.0]
-    return token, prob, top
+    c.vals, c.ids = probs, ids
+    return ids.gather(-1, pos).squeeze(-1), probs.gather(-1, pos).squeeze(-1)
 
 
-def _run_group(c: _Cand, seqs: list[SequenceSampler]) -> tuple[list[int], list[float], list[list[tuple[int, float]]]]:
-    for name in seqs[0].plan:
-        c = _STAGES[name](c, seqs)
-    final = seqs[0].final
+def _run_group(raw: Tensor, rows: list[int], g: _Group) -> list[SampleResult]:
+    seqs, plan, final = g.seqs, g.seqs[0].plan, g.seqs[0].final
+    bias = [(j, t, b) for j, s in enumerate(seqs) for t, b in s.bias]
+    if len(rows) < raw.shape[0]:
+        x = raw[_vec(rows, raw, torch.long)]
+    elif bias or _WRITES_IN_PLACE.intersection(plan) or final.startswith("mirostat"):
+        x = raw.clone()
+    else:
+        x = raw  # every stage of this plan returns new tensors
+    if bias:
+        r, t, b = zip(*bias)
+        x.index_put_((_vec(r, x, torch.long), _vec(t, x, torch.long)), _vec(b, x), accumulate=True)
+    c = _Cand(x)
+    for name in plan:
+        c = _STAGES[name](c, g)
+    prob_orig = None
     if final == "greedy":
-        for s in seqs:  # every row draws once per call, so its stream never depends on the plan
-            torch.rand(1, generator=s.rng, dtype=torch.float64)
-        col = c.vals.argmax(-1, keepdim=True)
-        token = c.token_ids().gather(-1, col).squeeze(-1).tolist()
-        return token, [1.0] * len(seqs), [[(t, 1.0)] if s.params.n_probs > 0 else [] for t, s in zip(token, seqs)]
-    if final.startswith("mirostat"):
-        for i, s in enumerate(seqs):
-            c.vals[i] = _mirostat_keep(c.vals[i], s)
-    p_orig = _adaptive_transform(c, seqs) if final == "adaptive_p" else None
-    token, prob, top = _pick(c, seqs)
-    for i, s in enumerate(seqs):
-        if final.startswith("mirostat") and prob[i] > 0.0:
-            surprise = -math.log2(prob[i])
-            s._pending_mu = s.mu - s.params.mirostat_eta * (surprise - s.params.mirostat_tau)
-    if p_orig is not None:
-        cols = (c.token_ids() == _vec(token, p_orig, torch.long)[:, None]).to(torch.uint8).argmax(-1)
-        for s, t, q in zip(seqs, token, p_orig.gather(-1, cols[:, None]).squeeze(-1).tolist()):
-            if s.params.adaptive_target >= 0.0:
-                s._ap_pending = (t, q)
-    return token, prob, top
+        col = c.vals.argmax(-1)
+        token = c.token_ids().gather(-1, col[:, None]).squeeze(-1)
+        prob = torch.ones_like(c.vals[:, 0])
+        c = _Cand(torch.ones_like(c.vals[:, :1]), token[:, None])
+    else:
+        if final.startswith("mirostat"):
+            for i, s in enumerate(seqs):
+                c.vals[i] = _mirostat_keep(c.vals[i], s)
+        if final == "adaptive_p":
+            p_orig, ids_before = _adaptive_transform(c, g), c.token_ids()
+        token, prob = _pick(c, g)
+        if final == "adaptive_p":
+            col = (ids_before == token[:, None]).to(torch.uint8).argmax(-1)
+            prob_orig = p_orig.gather(-1, col[:, None]).squeeze(-1)
+    return _finish(raw, rows, g, c, token, prob, prob_orig)
+
+
+def _finish(raw: Tensor, rows: list[int], g: _Group, post: _Cand, token: Tensor, prob: Tensor,
+            prob_orig: Tensor | None) -> list[SampleResult]:
+    """One device-to-host copy per group: token, probabilities and logprobs of every row.
+
+    Row layout: token, prob, raw logprob[, adaptive-p original prob], post-sampling top ids and
+    probs (kp each), raw top ids and logprobs (kr each).
+    """
+    seqs = g.seqs
+    rr = raw if len(rows) == raw.shape[0] else raw[_vec(rows, raw, torch.long)]
+    lse = torch.logsumexp(rr, -1)
+    parts = [token.double(), prob.double(), (rr.gather(-1, token[:, None]).squeeze(-1) - lse).double()]
+    if prob_orig is not None:
+        parts.append(prob_orig.double())
+    cols = [torch.stack(parts, -1)]
+    kp = min(max([s.params.n_probs for s in seqs if s.params.post_sampling_probs] or [0]), post.vals.shape[1])
+    kr = min(max([s.params.n_probs for s in seqs if not s.params.post_sampling_probs] or [0]), rr.shape[1])
+    if kp:
+        vals, at = torch.topk(post.vals, kp, dim=-1)
+        cols += [post.token_ids().gather(-1, at).double(), vals.double()]
+    if kr:
+        vals, ids = torch.topk(rr, kr, dim=-1)
+        cols += [ids.double(), (vals - lse[:, None]).double()]
+    base = len(parts)
+    results = []
+    for s, row in zip(seqs, torch.cat(cols, -1).tolist()):
+        tok, p_tok, lp_tok, m = int(row[0]), row[1], row[2], s.params.n_probs
+        if s.final.startswith("mirostat") and p_tok > 0.0:
+            s._pending_mu = s.mu - s.params.mirostat_eta * (-math.log2(p_tok) - s.params.mirostat_tau)
+        if prob_orig is not None and s.params.adaptive_target >= 0.0:
+            s._ap_pending = (tok, row[3])
+        if s.params.post_sampling_probs:
+            ids, ps = row[base : base + kp], row[base + kp : base + 2 * kp]
+            top = [(int(t), q) for t, q in zip(ids, ps) if q > 0.0][:m]
+            results.append(SampleResult(tok, p_tok, top, True))
+        else:
+            at0 = base + 2 * kp
+            ids, lps = row[at0 : at0 + kr], row[at0 + kr : at0 + 2 * kr]
+            results.append(SampleResult(tok, lp_tok, [(int(t), lp) for t, lp in zip(ids, lps)][:m]))
+    return results
 
 
 def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[SampleResult]:
@@ -640,53 +689,11 @@ def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     if any(s.vocab_size != V for s in samplers) or logits.shape[1] < V:
         raise ValueError("all samplers must share vocab_size <= logits.shape[1]")
     raw = logits[:, :V].float()
-
     groups: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for i, s in enumerate(samplers):
         groups.setdefault((s.plan, s.final), []).append(i)
-    tokens, probs = [0] * B, [1.0] * B
-    tops: list[list[tuple[int, float]]] = [[] for _ in range(B)]
+    by_row: dict[int, SampleResult] = {}
     for rows in groups.values():
-        seqs = [samplers[i] for i in rows]
-        bias = [(j, t, b) for j, s in enumerate(seqs) for t, b in s.bias]
-        if len(rows) < B:
-            x = raw[_vec(rows, raw, torch.long)]
-        elif bias or _WRITES_IN_PLACE.intersection(seqs[0].plan) or seqs[0].final.startswith("mirostat"):
-            x = raw.clone()
-        else:
-            x = raw  # every stage of this plan returns new tensors
-        if bias:
-            r, t, b = zip(*bias)
-            x.index_put_((_vec(r, x, torch.long), _vec(t, x, torch.long)), _vec(b, x), accumulate=True)
-        tok, prob, top = _run_group(_Cand(x), seqs)
-        for j, i in enumerate(rows):
-            tokens[i], probs[i], tops[i] = tok[j], prob[j], top[j]
-    return _results(raw, samplers, tokens, probs, tops)
-
-
-def _results(
-    raw: Tensor,
-    samplers: list[SequenceSampler],
-    tokens: list[int],
-    post_prob: list[float],
-    post_top: list[list[tuple[int, float]]],
-) -> list[SampleResult]:
-    lse = torch.logsumexp(raw, -1)
-    chosen = (raw.gather(-1, _vec(tokens, raw, torch.long)[:, None]).squeeze(-1) - lse).tolist()
-    raw_rows = [i for i, s in enumerate(samplers) if s.params.n_probs > 0 and not s.params.post_sampling_probs]
-    raw_top: dict[int, list[tuple[int, float]]] = {}
-    if raw_rows:
-        k = min(max(samplers[i].params.n_probs for i in raw_rows), raw.shape[1])
-        r = _vec(raw_rows, raw, torch.long)
-        vals, ids = torch.topk(raw[r], k, dim=-1)
-        lp, il = (vals - lse[r][:, None]).tolist(), ids.tolist()
-        for j, i in enumerate(raw_rows):
-            m = samplers[i].params.n_probs
-            raw_top[i] = list(zip(il[j][:m], lp[j][:m]))
-    out: list[SampleResult] = []
-    for i, s in enumerate(samplers):
-        if s.params.post_sampling_probs:
-            out.append(SampleResult(tokens[i], post_prob[i], post_top[i], True))
-        else:
-            out.append(SampleResult(tokens[i], chosen[i], raw_top.get(i, [])))
-    return out
+        g = _Group([samplers[i] for i in rows], raw.device)
+        by_row.update(zip(rows, _run_group(raw, rows, g)))
+    return [by_row[i] for i in range(B)]

@@ -103,7 +103,11 @@ class Scheduler:
         decoding = [s for s in self.running.values() if s.state is SeqState.DECODE]
         for seq in decoding:
             if seq.n_computed + 1 >= self.cfg.n_ctx_slot:
-                self._context_shift(seq)
+                try:
+                    self._context_shift(seq)
+                except OutOfPages:
+                    self._fail(seq, 500, "Context size has been exceeded.", "server_error")
+                    continue
             try:
                 table = self.cache.reserve(seq.id, seq.n_computed + 1)
             except OutOfPages:

@@ -112,7 +112,9 @@ def render_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSe
         add_generation_prompt = True
     try:
         prompt = tmpl.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-    except ValueError as e:
+    except ValueError as e:  # MessageFormatError carries llama-server's status (400, or 500)
+        if getattr(e, "status", 400) >= 500:
+            raise server_error(str(e))
         raise invalid(str(e))
     except ApiError:
         raise

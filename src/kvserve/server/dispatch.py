@@ -42,6 +42,7 @@ class Dispatch:
         self.ids: list[int] = []
         self.pending: set[int] = set()
         self.cancelled = False
+        self._last_check = self.loop.time()
 
     # engine thread -------------------------------------------------------------------
     def emit(self, ev: EngineEvent) -> None:
@@ -94,17 +95,22 @@ class Dispatch:
                 self.pending.discard(ev.request_id)
             return ev
 
-    async def next_or_gone(self, client: Disconnectable, poll: float = POLL_S) -> EngineEvent:
-        """The next event, checking every ``poll`` seconds whether the client is still there."""
+    async def next_or_gone(self, client: Disconnectable, poll: float | None = None) -> EngineEvent:
+        """The next event, checking every ``poll`` seconds whether the client is still there
+        (also while events keep arriving: a non-stream request receives every token event)."""
+        interval = poll if poll is not None else POLL_S
         while True:
-            ev = await self.next(poll)
+            now = self.loop.time()
+            if now - self._last_check >= interval:
+                self._last_check = now
+                if await client.is_disconnected():
+                    self.cancel()
+                    raise ClientGone()
+            ev = await self.next(max(0.0, interval - (self.loop.time() - self._last_check)))
             if ev is not None:
                 return ev
-            if await client.is_disconnected():
-                self.cancel()
-                raise ClientGone()
 
-    async def collect(self, client: Disconnectable, poll: float = POLL_S) -> list[FinalEvent]:
+    async def collect(self, client: Disconnectable, poll: float | None = None) -> list[FinalEvent]:
         """Wait for every result (sorted by index). The first error cancels the siblings and
         is raised as ``ApiError``; a client disconnect cancels everything (``ClientGone``)."""
         finals: list[FinalEvent] = []

@@ -104,9 +104,10 @@ class EngineAPI(Protocol):
         cache counters as ``kvserve:<name>`` or ``kvserve:<name>{label="value"}``."""
         ...
 
-    def slot_action(self, id_slot: int, action: str, filename: str) -> dict[str, Any]:
+    def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
         """``save`` / ``restore`` / ``erase`` (filename "" for erase); the response body.
-        ``id_slot`` is the raw request id (wrap it modulo n_slots). Raises EngineError."""
+        ``id_slot`` is the raw request id (wrap it modulo n_slots); ``filename`` is validated
+        (a bare name); ``tenant`` is the caller's API key. Raises EngineError."""
         ...
 
     def embed(self, token_lists: list[list[int]], pooling: str) -> list[list[list[float]]]:

@@ -37,16 +37,16 @@ LLAMA_METRICS: tuple[tuple[str, str, str], ...] = (
 
 # Known kvserve metrics; others still render, typed by their suffix.
 KVSERVE_HELP: dict[str, str] = {
-    "cache_lookups_total": "Prompt-cache lookups",
-    "cache_hit_tokens_total": "Prompt tokens served from the shared prefix cache",
-    "cache_miss_tokens_total": "Prompt tokens not found in the prefix cache",
-    "cache_reuse_tokens_total": "Prompt tokens reused by KV shifting (--cache-reuse)",
-    "cache_evicted_pages_total": "KV pages evicted from the prefix cache",
-    "cache_pages_total": "KV pages in the pool",
-    "cache_pages_used": "KV pages held by running sequences",
-    "cache_pages_cached": "KV pages held only by the prefix cache",
-    "cache_pages_free": "Free KV pages",
-    "cache_bytes": "Bytes of KV held by the prefix cache",
+    "cache_lookups_total": "Prefix-cache lookups (one per admitted prompt)",
+    "cache_hits_total": "Prefix-cache lookups that reused at least one token",
+    "cache_tokens_reused_total": "Prompt tokens reused, by source (prefix match, KV shift, host RAM)",
+    "cache_evictions_total": "KV pages evicted from the prefix cache",
+    "cache_retained_bytes": "Bytes of KV kept by the prefix cache for reuse",
+    "cache_retained_tokens": "Tokens of KV kept by the prefix cache for reuse",
+    "cache_budget_bytes": "Byte budget of the prefix cache (--cache-ram; -1 = unlimited)",
+    "kv_pages_free": "Free KV pages",
+    "kv_pages_in_use": "KV pages held by running sequences",
+    "kv_page_tokens": "Tokens per KV page",
 }
 
 _SERIES = re.compile(r"^kvserve:([a-zA-Z_][a-zA-Z0-9_]*)(\{.*\})?$")

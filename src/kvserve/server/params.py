@@ -9,26 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from kvserve.engine.request import RequestParams
+from kvserve.engine.sampling_params import SamplingParams, parse_samplers
 from kvserve.server import fields as F
 from kvserve.server.engine_api import TokenizerLike
-from kvserve.server.errors import invalid, unsupported_field
+from kvserve.server.errors import invalid
 from kvserve.server.settings import SAMPLING_DEFAULTS, ServerSettings
 from kvserve.server.unsupported import check_completion
 
-_CHAR_SAMPLERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p",
-                  "p": "top_p", "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
-_NAME_SAMPLERS = {n: n for n in _CHAR_SAMPLERS.values()}
-_NAME_SAMPLERS.update({"top-k": "top_k", "top-p": "top_p", "nucleus": "top_p", "typical-p": "typ_p",
-                       "typical": "typ_p", "typ-p": "typ_p", "typ": "typ_p", "min-p": "min_p",
-                       "temp": "temperature", "top-n-sigma": "top_n_sigma"})
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 BANNED = float("-inf")
-# Present in generation_settings but harmless when the sampler lacks them.
-_NEUTRAL = ("backend_sampling", "adaptive_decay")
 
 
 @dataclass
@@ -36,7 +28,7 @@ class CompletionParams:
     """Everything one completion request asked for, resolved against the server defaults."""
 
     req: RequestParams
-    sampling_values: dict[str, Any]  # request-field name -> value (generation_settings source)
+    eog_ids: tuple[int, ...] = ()  # listed with a null bias in generation_settings (ignore_eos)
     n_cmpl: int = 1
     verbose: bool = False
     include_usage: bool = False
@@ -50,41 +42,16 @@ class CompletionParams:
         """Parameters of the j-th of n_cmpl parallel samples: seed + j (unless random), any slot."""
         if j == 0:
             return self.req
-        seed = self.sampling_values.get("seed", 0xFFFFFFFF)
-        sampling = self.req.sampling
-        if seed != 0xFFFFFFFF:
-            sampling = replace_sampling(sampling, seed=(seed + j) & 0xFFFFFFFF)
+        sampling: SamplingParams = self.req.sampling
+        if not sampling.is_random_seed:
+            sampling = dataclasses.replace(sampling, seed=(sampling.seed_u32 + j) & 0xFFFFFFFF)
         return dataclasses.replace(self.req, id_slot=-1, sampling=sampling)
 
 
-def _sampler_cls() -> Any:
-    try:
-        from kvserve.engine.sampler import SamplingParams
-    except ImportError:  # the sampler module is optional for the HTTP layer's own tests
-        return None
-    return SamplingParams
-
-
-def make_sampling(values: dict[str, Any]) -> Any:
-    """Build ``kvserve.engine.sampler.SamplingParams`` from request-named values.
-
-    A non-default value for a field the sampler does not have is refused (not ignored)."""
-    cls = _sampler_cls()
-    if cls is None:
-        return SimpleNamespace(**values)
-    names = {f.name for f in dataclasses.fields(cls)}
-    for k, v in values.items():
-        if k not in names and k not in _NEUTRAL and v != SAMPLING_DEFAULTS.get(k, v):
-            if k == "adaptive_target" and v < 0:
-                continue
-            raise unsupported_field(k, "this sampler is not implemented")
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
-def replace_sampling(sampling: Any, **changes: Any) -> Any:
-    if dataclasses.is_dataclass(sampling) and not isinstance(sampling, type):
-        return dataclasses.replace(sampling, **changes)
-    return SimpleNamespace(**{**vars(sampling), **changes})
+def make_sampling(values: dict[str, Any]) -> SamplingParams:
+    """``SamplingParams`` from request-named values (the names are the same)."""
+    names = {f.name for f in dataclasses.fields(SamplingParams)}
+    return SamplingParams(**{k: v for k, v in values.items() if k in names})
 
 
 def _logit_bias(data: dict[str, Any], tok: TokenizerLike) -> list[tuple[int, float]]:
@@ -122,11 +89,7 @@ def _logit_bias(data: dict[str, Any], tok: TokenizerLike) -> list[tuple[int, flo
 
 
 def _samplers(v: Any, current: list[str]) -> list[str]:
-    if isinstance(v, list):
-        return [_NAME_SAMPLERS[n] for n in v if isinstance(n, str) and n in _NAME_SAMPLERS]
-    if isinstance(v, str):
-        return [_CHAR_SAMPLERS[c] for c in v if c in _CHAR_SAMPLERS]
-    return current
+    return list(parse_samplers(v)) if isinstance(v, (list, str)) else current
 
 
 def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: TokenizerLike) -> CompletionParams:
@@ -203,9 +166,8 @@ def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: Tokeni
 
     if data.get("logit_bias") is not None:
         sv["logit_bias"] = _logit_bias(data, tok)
+    # With ignore_eos the sampler bans every end-of-generation id itself.
     sv["ignore_eos"] = F.get_bool(data, "ignore_eos", sv["ignore_eos"])
-    if sv["ignore_eos"]:
-        sv["logit_bias"] = list(sv["logit_bias"]) + [(int(t), BANNED) for t in tok.eog_ids]
 
     stop = list(s.reverse_prompt)
     if data.get("stop") is not None:
@@ -239,7 +201,7 @@ def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: Tokeni
         timings_per_token=timings_per_token, return_progress=return_progress, sampling=sampling,
     )
     return CompletionParams(
-        req=req, sampling_values=sv, n_cmpl=n_cmpl, verbose=verbose, include_usage=include_usage,
+        req=req, eog_ids=tuple(sorted(int(t) for t in tok.eog_ids)), n_cmpl=n_cmpl, verbose=verbose, include_usage=include_usage,
         sse_ping_interval=ping, response_fields=response_fields, reasoning_format=reasoning_format,
         generation_prompt=generation_prompt,
     )

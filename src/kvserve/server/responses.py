@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from kvserve.engine.request import FinalEvent, TokenProb
+from kvserve.server.gensettings import generation_settings
 from kvserve.server.params import CompletionParams
 
 LOWEST_FLOAT = -3.4028234663852886e38  # log(0) is reported as the lowest float, not -inf
@@ -103,8 +104,6 @@ def finish_reason(stop_type: str) -> str:
 
 
 def native_final(ev: FinalEvent, ctx: ResponseContext, stream: bool) -> dict[str, Any]:
-    from kvserve.server.gensettings import generation_settings
-
     p = ctx.params
     req = p.child(ev.index % max(1, p.n_cmpl))
     out: dict[str, Any] = {
@@ -117,8 +116,7 @@ def native_final(ev: FinalEvent, ctx: ResponseContext, stream: bool) -> dict[str
         "tokens_predicted": ev.n_decoded,
         "tokens_evaluated": ev.n_prompt,
         "generation_settings": generation_settings(
-            req, {**p.sampling_values, "seed": getattr(req.sampling, "seed", p.sampling_values.get("seed"))},
-            reasoning_format=p.reasoning_format, chat_format=p.chat_format,
+            req, p.eog_ids, reasoning_format=p.reasoning_format, chat_format=p.chat_format,
             generation_prompt=p.generation_prompt),
         "prompt": ctx.prompt_text(ev.index),
         "has_new_line": ev.has_new_line,

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kvserve.server import info, metrics, tokens
+from kvserve.server.completions import tenant_of
 from kvserve.server.errors import ApiError, UNAVAILABLE, disabled_endpoint, from_exception, invalid
 from kvserve.server.jsonio import JSONResponse, read_json, read_object
 from kvserve.server.schemas import (
@@ -92,7 +92,7 @@ def make_router(prefix: str) -> APIRouter:
             if not valid_filename(filename):
                 raise invalid("Invalid filename")
         try:
-            result = await asyncio.to_thread(st.engine.slot_action, sid, action, filename)
+            result = await asyncio.to_thread(st.engine.slot_action, sid, action, filename, tenant_of(request))
         except Exception as e:
             raise from_exception(e)
         return JSONResponse(result)
@@ -154,7 +154,3 @@ def make_router(prefix: str) -> APIRouter:
         return JSONResponse({"success": True})
 
     return r
-
-
-def start_time() -> float:
-    return time.time()

@@ -68,10 +68,14 @@ def _lookup(cfg: Any, name: str) -> Any:
 
 
 def _pick(cfg: Any, default: Any, *names: str) -> Any:
+    """The first of ``names`` found on ``cfg.server``, ``cfg.engine`` or ``cfg`` itself
+    (``kvserve.config.Config`` or one of its parts)."""
+    roots = [r for r in (getattr(cfg, "server", None), getattr(cfg, "engine", None), cfg) if r is not None]
     for n in names:
-        v = _lookup(cfg, n)
-        if v is not _MISSING and v is not None:
-            return v
+        for root in roots:
+            v = _lookup(root, n)
+            if v is not _MISSING and v is not None:
+                return v
     return default
 
 
@@ -139,6 +143,8 @@ class ServerSettings:
 
     @staticmethod
     def from_config(cfg: Any, n_slots: int | None = None) -> "ServerSettings":
+        """``cfg``: ``kvserve.config.Config`` (server/engine/sampling parts), a ``ServerConfig``,
+        or any object/dict with these names."""
         d = ServerSettings()
         sampling = dict(SAMPLING_DEFAULTS)
         raw = _pick(cfg, None, "sampling_defaults", "sampling")

@@ -20,7 +20,7 @@ from kvserve.server import responses as R
 from kvserve.server.dispatch import ClientGone, Dispatch, Disconnectable, error_event_body
 from kvserve.server.jsonio import dumps
 
-SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no", "cache-control": "no-cache"}
+SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no"}
 PING = ":\n\n"
 DONE = "data: [DONE]\n\n"
 

@@ -1,0 +1,395 @@
+"""Helpers shared by the benchmark scripts: the conditions header, Markdown tables,
+process-tree memory sampling through /proc, and starting/stopping a server process.
+
+Nothing here imports kvserve, so the HTTP benchmarks can drive any llama-server-compatible
+binary from a machine that only has httpx.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+MIB = 1 << 20
+
+
+# -- reporting ---------------------------------------------------------------------------------
+def print_conditions(title: str, conditions: dict[str, Any]) -> None:
+    """The first lines of every benchmark's output: what ran, where, and how."""
+    print(f"# {title}\n")
+    base = {
+        "host": platform.node(),
+        "cpu": f"{os.cpu_count()} logical cores, {platform.machine()}",
+        "python": platform.python_version(),
+        "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
+    for k, v in {**base, **conditions}.items():
+        print(f"- {k}: {v}")
+    print(flush=True)
+
+
+def fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 1) -> str:
+    cells = [[fmt(c, digits) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = lambda items: "| " + " | ".join(s.ljust(w) for s, w in zip(items, widths)) + " |"  # noqa: E731
+    out = [line(list(headers)), "| " + " | ".join("-" * w for w in widths) + " |"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 1) -> None:
+    print(markdown_table(headers, rows, digits))
+    print(flush=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile, q in [0, 100]; None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+# -- memory through /proc -------------------------------------------------------------------------
+def _status_kib(pid: int, key: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def rss_bytes(pid: int) -> int:
+    return _status_kib(pid, "VmRSS") * 1024
+
+
+def peak_rss_bytes(pid: int | str = "self") -> int:
+    """VmHWM: the kernel's own peak resident set of one process."""
+    return _status_kib(pid, "VmHWM") * 1024  # type: ignore[arg-type]
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's VmHWM (Linux >= 4.0: write 5 to clear_refs). False if refused."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    out += [int(x) for x in f.read().split()]
+            except OSError:
+                continue
+    except OSError:
+        return []
+    return out
+
+
+def _children_by_scan(pid: int) -> list[int]:
+    """Fallback when /proc/PID/task/TID/children is missing (CONFIG_PROC_CHILDREN off)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if ppid == pid:
+            out.append(int(name))
+    return out
+
+
+_HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants alive now."""
+    seen, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.append(p)
+        todo += _children(p) if _HAS_CHILDREN_FILE else _children_by_scan(p)
+    return seen
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Sum of VmRSS over the process and its descendants (shared pages count once per process)."""
+    return sum(rss_bytes(p) for p in process_tree(pid))
+
+
+@dataclass
+class MemorySampler:
+    """Samples the RSS of a process tree every ``interval`` seconds on a background thread.
+
+    ``extra`` (optional) is called at the same cadence and returns named readings (e.g. GPU
+    bytes from a server's /metrics); their maxima are kept in ``extra_peak``.
+    """
+
+    pid: int
+    interval: float = 0.1
+    extra: Any = None
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    extra_peak: dict[str, float] = field(default_factory=dict)
+    extra_last: dict[str, float] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> MemorySampler:
+        self._thread = threading.Thread(target=self._run, name="mem-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> int:
+        v = tree_rss_bytes(self.pid)
+        self.samples.append((time.monotonic(), v))
+        if self.extra is not None:
+            try:
+                got = self.extra() or {}
+            except Exception:  # noqa: BLE001 - a failed scrape is a missing reading
+                got = {}
+            for k, x in got.items():
+                self.extra_last[k] = x
+                self.extra_peak[k] = max(self.extra_peak.get(k, x), x)
+        return v
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    @property
+    def peak(self) -> int:
+        return max((v for _, v in self.samples), default=0)
+
+    def peak_since(self, t0: float) -> int:
+        return max((v for t, v in self.samples if t >= t0), default=0)
+
+
+# -- server processes ---------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_argv(cmd: str, port: int) -> list[str]:
+    """Split a server command line; ``{port}`` and ``{python}`` are substituted, and without a
+    ``{port}`` placeholder ``--port PORT`` is appended."""
+    has_port = "{port}" in cmd
+    argv = [a.replace("{port}", str(port)).replace("{python}", sys.executable) for a in shlex.split(cmd)]
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable  # the interpreter running the benchmark (its venv)
+    if not has_port:
+        argv += ["--port", str(port)]
+    return argv
+
+
+class ServerProcess:
+    """A server started from a command line in its own process group, logging to a file.
+
+    ``stop`` ends exactly the process group this object started (SIGTERM, then SIGKILL).
+    """
+
+    def __init__(self, cmd: str, port: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.port = port or free_port()
+        self.argv = server_argv(cmd, self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="kvserve-bench-", suffix=".log", delete=False)
+        self.t_start = time.monotonic()
+        self.t_ready: float | None = None
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float = 600.0) -> float:
+        """Poll ``/health`` until it answers 200; returns seconds since start."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"server exited with {self.proc.returncode} before /health: {' '.join(self.argv)}\n"
+                        + self.log_tail()
+                    )
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        self.t_ready = time.monotonic()
+                        return self.t_ready - self.t_start
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {timeout:.0f} s: {' '.join(self.argv)}\n" + self.log_tail())
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log.name, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=timeout)
+        self.log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- /metrics ---------------------------------------------------------------------------------------
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``{series: value}`` for every sample line (labels kept in the key)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, val = line.rpartition(" ")
+        try:
+            out[name.strip()] = float(val)
+        except ValueError:
+            continue
+    return out
+
+
+def scrape_metrics(url: str, timeout: float = 2.0) -> dict[str, float] | None:
+    """The server's /metrics as numbers, or None when it does not serve them."""
+    import httpx
+
+    try:
+        r = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    return parse_prometheus(r.text)
+
+
+# -- deterministic text ----------------------------------------------------------------------------
+WORDS = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but "
+    "have an they you were her she there been one all we their has would when if so no what more out "
+    "can who up some time could them into only about other then than its now two may like over such "
+    "these first new also after any most made many before must through back years where much your way "
+    "well down should because each just those people how too little state good very make world still "
+    "own see men work long get here between both life being under never day same another know while "
+    "last might us great old year off come since against go came right used take three river garden "
+    "market engine village letter winter harbour bridge signal kitchen forest machine window number "
+    "question answer history science music paper summer morning evening animal island mountain road "
+    "water light stone silver copper wooden careful quiet bright simple ancient modern northern "
+    "southern narrow heavy gentle rapid patient curious honest"
+).split()
+
+
+def make_text(seed: int, n_words: int) -> str:
+    """Deterministic pseudo-English: the same (seed, n_words) always gives the same string."""
+    import random
+
+    rng = random.Random(seed)
+    out: list[str] = []
+    sentence = 0
+    for _ in range(n_words):
+        w = rng.choice(WORDS)
+        if sentence == 0:
+            w = w.capitalize()
+        out.append(w)
+        sentence += 1
+        if sentence >= rng.randint(8, 18):
+            out[-1] += "."
+            sentence = 0
+    return " ".join(out) + ("." if sentence else "")
+
+
+def make_text_chars(seed: int, n_chars: int) -> str:
+    """Deterministic text of about ``n_chars`` characters (cut at a word boundary)."""
+    text = make_text(seed, max(1, n_chars // 4))
+    while len(text) < n_chars:
+        text += " " + make_text(seed * 7919 + len(text), max(1, (n_chars - len(text)) // 4 + 1))
+    cut = text.rfind(" ", 0, n_chars)
+    return text[: cut if cut > 0 else n_chars]

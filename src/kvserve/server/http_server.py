@@ -1,0 +1,92 @@
+"""Run the app with uvicorn on llama-server's listen addresses.
+
+``--host`` is a CSV list; entries ending in ``.sock`` are UNIX sockets; with several TCP
+addresses IPv6 sockets are v6-only; ``--port 0`` (any free port) needs a single TCP host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+import uvicorn
+
+from kvserve.server.app import create_app, settings_for
+from kvserve.server.engine_api import EngineAPI
+from kvserve.server.settings import ServerSettings
+
+log = logging.getLogger("kvserve.server")
+
+
+def bind_sockets(hosts: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
+    entries = [h.strip() for h in hosts.split(",") if h.strip()] or ["127.0.0.1"]
+    tcp = [h for h in entries if not h.endswith(".sock")]
+    if port == 0 and len(tcp) > 1:
+        raise ValueError("--port 0 (any free port) needs a single TCP --host")
+    out: list[socket.socket] = []
+    try:
+        for h in entries:
+            if h.endswith(".sock"):
+                if os.path.exists(h):
+                    os.unlink(h)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.bind(h)
+            else:
+                family, type_, proto, _, addr = socket.getaddrinfo(
+                    h, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+                sock = socket.socket(family, type_, proto)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if reuse_port and hasattr(socket, "SO_REUSEPORT"):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+                if family == socket.AF_INET6 and len(tcp) > 1:
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+            sock.listen(2048)
+            sock.set_inheritable(True)
+            out.append(sock)
+    except BaseException:
+        for sock in out:
+            sock.close()
+        raise
+    return out
+
+
+def _url(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix://{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+def build_server(engine: EngineAPI, cfg: Any) -> tuple[uvicorn.Server, list[socket.socket], ServerSettings]:
+    """The uvicorn server and its bound sockets (``await server.serve(sockets=...)`` to run
+    inside an existing event loop)."""
+    s = settings_for(engine, cfg)
+    app = create_app(engine, s)
+    level = "warning" if s.verbosity <= 2 else ("info" if s.verbosity == 3 else "debug")
+    config = uvicorn.Config(
+        app,
+        log_level=level,
+        access_log=s.verbosity >= 4,  # request lines are trace-level in llama-server
+        server_header=False,  # the middleware sends ``Server: llama.cpp``
+        lifespan="off",
+        proxy_headers=False,
+    )
+    sockets = bind_sockets(s.host, s.port, bool(getattr(cfg, "reuse_port", False)))
+    return uvicorn.Server(config), sockets, s
+
+
+def serve(engine: EngineAPI, cfg: Any) -> None:
+    """Serve until SIGINT/SIGTERM (blocking)."""
+    server, sockets, s = build_server(engine, cfg)
+    for sock in sockets:
+        log.info("server is listening on %s", _url(sock) + s.api_prefix)
+    if s.cors_origins == "*" and not s.api_keys:
+        log.warning("CORS allows any origin and no API key is set")
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
