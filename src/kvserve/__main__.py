@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from typing import Any
 
 from .config import Config, ConfigError, load_config
 
@@ -67,6 +69,28 @@ def build_engine(cfg: Config):
     return Engine(loaded, tokenizer, template, opts)
 
 
+class LoadingEngine:
+    """Stands in for the engine while the model loads: the HTTP server answers 503
+    ``Loading model`` (``ready`` is false) until ``attach`` hands over the real engine."""
+
+    def __init__(self, n_slots: int) -> None:
+        self.n_slots = n_slots
+        self._engine: Any = None
+
+    def attach(self, engine: Any) -> None:
+        self._engine = engine
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None and bool(self._engine.ready)
+
+    def __getattr__(self, name: str) -> Any:
+        engine = self.__dict__.get("_engine")
+        if engine is None:
+            raise AttributeError(name)
+        return getattr(engine, name)
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_config(sys.argv[1:] if argv is None else argv, os.environ)
@@ -80,11 +104,22 @@ def main(argv: list[str] | None = None) -> None:
     )
     from .server.http_server import serve
 
-    try:
-        serve(cfg, lambda: build_engine(cfg))
-    except ConfigError as e:
-        print(e.message, file=sys.stderr)
-        sys.exit(1)
+    engine = LoadingEngine(cfg.engine.resolve_parallel().n_parallel)
+
+    def load() -> None:
+        try:
+            real = build_engine(cfg)
+            real.start()
+            engine.attach(real)
+        except ConfigError as e:
+            print(e.message, file=sys.stderr)
+            os._exit(1)
+        except Exception:  # noqa: BLE001 - a model that cannot load ends the process
+            logging.getLogger("kvserve").exception("failed to load the model")
+            os._exit(1)
+
+    threading.Thread(target=load, name="kvserve-load", daemon=True).start()
+    serve(engine, cfg)
 
 
 if __name__ == "__main__":

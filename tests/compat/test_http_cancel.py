@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-import kvserve.server.dispatch as dispatch
+from kvserve.server import dispatch
 from kvserve.server.app import create_app
 from tests.compat.test_http_fake_engine import FakeEngine, settings
 

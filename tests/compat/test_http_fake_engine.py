@@ -201,8 +201,8 @@ class FakeEngine:
 
 
 def settings(**kw: Any) -> ServerSettings:
-    base: dict[str, Any] = dict(model_name=MODEL, aliases=(MODEL,), model_path=MODEL, endpoint_metrics=True,
-                                n_parallel=4)
+    base: dict[str, Any] = {"model_name": MODEL, "aliases": (MODEL,), "model_path": MODEL,
+                            "endpoint_metrics": True, "n_parallel": 4}
     base.update(kw)
     return ServerSettings(**base)
 

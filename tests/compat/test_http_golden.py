@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.compat.test_http_fake_engine import client, sse_events
 
 GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "responses-smollm2.json"

@@ -77,7 +77,7 @@ def test_error_before_first_event_is_plain_json() -> None:
 
 
 def test_error_after_start_is_an_sse_error_without_done() -> None:
-    c, eng = client(FakeEngine(error_after=2))
+    c, _ = client(FakeEngine(error_after=2))
     r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 5, "stream": True})
     assert r.status_code == 200
     ev = sse_events(r.text)

@@ -157,11 +157,11 @@ def test_greedy_with_typical_first_is_not_plain_argmax() -> None:
 # -- seeds -------------------------------------------------------------------------------------
 
 
-def _run(params: SamplingParams, companions: list[SamplingParams], position: int, steps: int = 12) -> list[int]:
+def _run(params: SamplingParams, companions: list[SamplingParams], position: int) -> list[int]:
     me = SequenceSampler(params, V, history=[1, 2, 3])
     others = [SequenceSampler(p, V, history=[4, 5]) for p in companions]
     out = []
-    for step in range(steps):
+    for step in range(12):
         batch = others[:position] + [me] + others[position:]
         logits = _logits(100 + step, b=len(batch), scale=1.0)
         logits[position] = _logits(500 + step, scale=1.0)[0]  # my row does not depend on the batch
@@ -337,7 +337,8 @@ def test_default_chain_probabilities() -> None:
 def test_dynatemp_uses_entropy() -> None:
     x = _logits(16, v=8)
     xs = x[0].tolist()
-    params = SamplingParams(samplers=("temperature",), temperature=1.0, dynatemp_range=0.5, dynatemp_exponent=2.0)
+    params = SamplingParams(samplers=("temperature",), temperature=1.0, dynatemp_range=0.5,
+                            dynatemp_exponent=2.0)
     pr = _probs(xs)
     ent = -sum(q * math.log(q) for q in pr)
     t = 0.5 + 1.0 * (ent / math.log(8)) ** 2.0
@@ -372,7 +373,8 @@ def test_mirostat_updates_mu(version: int) -> None:
 
 def test_mirostat_v2_truncates_by_surprise() -> None:
     x = _logits(18, scale=2.0)
-    p = SamplingParams(seed=1, mirostat=2, temperature=1.0, mirostat_tau=0.5, n_probs=V, post_sampling_probs=True)
+    p = SamplingParams(seed=1, mirostat=2, temperature=1.0, mirostat_tau=0.5, n_probs=V,
+                       post_sampling_probs=True)
     s = SequenceSampler(p, V)  # mu = 1.0: keep candidates with -log2(p) <= 1 (at least one)
     pr = _probs(x[0].tolist())
     want = {i for i in range(V) if -math.log2(pr[i]) <= 1.0} or {int(x.argmax())}
@@ -465,7 +467,8 @@ def test_n_probs_are_raw_log_softmax() -> None:
 
 def test_post_sampling_probs() -> None:
     logits = _logits(22)
-    r = SequenceSampler(SamplingParams(temperature=0.0, n_probs=4, post_sampling_probs=True), V).sample(logits)
+    greedy = SamplingParams(temperature=0.0, n_probs=4, post_sampling_probs=True)
+    r = SequenceSampler(greedy, V).sample(logits)
     assert r.is_prob and r.top == [(int(logits.argmax()), 1.0)] and r.logprob == 1.0
     r = SequenceSampler(SamplingParams(seed=4, n_probs=3, post_sampling_probs=True), V).sample(logits)
     assert len(r.top) <= 3 and all(q > 0 for _, q in r.top)
@@ -475,7 +478,8 @@ def test_post_sampling_probs() -> None:
 
 def test_vocab_padding_columns_ignored() -> None:
     logits = torch.cat([_logits(23), torch.full((1, 8), 100.0)], dim=1)
-    assert SequenceSampler(SamplingParams(temperature=0.0), V).sample(logits).token == int(logits[0, :V].argmax())
+    s = SequenceSampler(SamplingParams(temperature=0.0), V)
+    assert s.sample(logits).token == int(logits[0, :V].argmax())
 
 
 # -- params ------------------------------------------------------------------------------------
@@ -496,7 +500,8 @@ def test_to_json_generation_settings() -> None:
     keys = list(full)
     assert keys[:5] == ["seed", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k"]
     assert keys.index("dry_sequence_breakers") < keys.index("mirostat") < keys.index("stop")
-    assert keys.index("max_tokens") < keys.index("n_predict") < keys.index("ignore_eos") < keys.index("stream")
+    assert keys.index("max_tokens") < keys.index("n_predict") < keys.index("ignore_eos")
+    assert keys.index("ignore_eos") < keys.index("stream")
     assert keys.index("logit_bias") < keys.index("n_probs") < keys.index("samplers") < keys.index("lora")
     assert keys[-1] == "zz_custom"
     assert full["seed"] == 4294967295

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from kvserve.engine.stop import StopHit, StopMatcher, TextStreamer
 
 
-def _stream(pieces: list[str], stops: list[str], **kw: object) -> tuple[list[str], StopHit | None, TextStreamer]:
-    st = TextStreamer(stops, **kw)  # type: ignore[arg-type]
+Streamed = tuple[list[str], StopHit | None, TextStreamer]
+
+
+def _stream(pieces: list[str], stops: list[str], **kw: Any) -> Streamed:
+    st = TextStreamer(stops, **kw)
     out: list[str] = []
     hit = None
     for piece in pieces:
@@ -64,7 +68,8 @@ def test_stop_inside_single_piece_and_after_stop() -> None:
 
 
 def test_unicode_stop_strings() -> None:
-    out, hit, st = _stream(["Grüß ", "Gott ", "→", "ende", " 日本", "語です"], ["→ende", "日本語"])
+    pieces = ["Grüß ", "Gott ", "→", "ende", " 日本", "語です"]
+    out, hit, st = _stream(pieces, ["→ende", "日本語"])
     assert hit == StopHit(10, "→ende")
     assert st.text == "Grüß Gott " and "".join(out) == "Grüß Gott "
     out, hit, st = _stream(["数学", "は日", "本語"], ["日本語"])
@@ -89,11 +94,13 @@ def test_streamed_output_never_contains_stop_or_prefix() -> None:
     for _ in range(300):
         text = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(1, 30)))
         cuts = sorted(rnd.sample(range(1, len(text) + 1), k=min(len(text), rnd.randrange(1, 6))))
-        pieces = [text[a:b] for a, b in zip([0] + cuts, cuts)] + ([text[cuts[-1]:]] if cuts[-1] < len(text) else [])
+        bounds = [0] + cuts + ([len(text)] if cuts[-1] < len(text) else [])
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
         for hold_all in (True, False):
             out, hit, _ = _stream(pieces, stops, hold_all_on_partial=hold_all)
             emitted = "".join(out)
-            first = min((text.find(s), s) for s in stops if s in text) if any(s in text for s in stops) else None
+            found = [(text.find(s), s) for s in stops if s in text]
+            first = min(found) if found else None
             if first is None:
                 assert hit is None and emitted == text
             else:

@@ -506,7 +506,8 @@ def _apply_temp(c: _Cand, t: Tensor, all_positive: bool) -> _Cand:
         c.vals = x / t[:, None]
         return c
     best = torch.arange(x.shape[1], device=x.device)[None, :] == x.argmax(-1, keepdim=True)
-    c.vals = torch.where((t <= 0)[:, None], torch.where(best, x, NEG_INF), x / torch.where(t > 0, t, 1.0)[:, None])
+    scaled = x / torch.where(t > 0, t, 1.0)[:, None]
+    c.vals = torch.where((t <= 0)[:, None], torch.where(best, x, NEG_INF), scaled)
     return c
 
 

@@ -71,7 +71,9 @@ class TextStreamer:
     space or tab, a newline included) with less indentation; the cut keeps the indentation.
     """
 
-    def __init__(self, stops: Iterable[str] = (), *, n_indent: int = 0, hold_all_on_partial: bool = True) -> None:
+    def __init__(
+        self, stops: Iterable[str] = (), *, n_indent: int = 0, hold_all_on_partial: bool = True
+    ) -> None:
         self.matcher = StopMatcher(stops)
         self.n_indent = n_indent
         self.hold_all_on_partial = hold_all_on_partial

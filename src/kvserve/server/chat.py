@@ -68,9 +68,8 @@ def _template_kwargs(body: dict[str, Any], s: ServerSettings) -> dict[str, Any]:
     req_kwargs = body.get("chat_template_kwargs")
     if isinstance(req_kwargs, dict):
         kwargs.update(req_kwargs)
-    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-        if isinstance(kwargs["enable_thinking"], str):
-            raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
+    if isinstance(kwargs.get("enable_thinking"), str):
+        raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
     effort = body.get("reasoning_effort", kwargs.get("reasoning_effort"))
     if effort == "none":
         kwargs["enable_thinking"] = False
@@ -118,7 +117,7 @@ def render_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSe
         raise invalid(str(e))
     except ApiError:
         raise
-    except Exception as e:  # jinja runtime errors: the template, not the request, failed
+    except Exception as e:  # noqa: BLE001 - jinja runtime errors: the template, not the request, failed
         raise server_error(f"chat template error: {e}")
     if last is not None:
         prompt += str(last.get("content") or "")

@@ -87,7 +87,7 @@ class Dispatch:
                     ev = await self.queue.get()
                 else:
                     ev = await asyncio.wait_for(self.queue.get(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return None
             if ev.request_id not in self.pending:
                 continue  # late event of a cancelled/finished request

@@ -74,9 +74,9 @@ async def compute(engine: EngineAPI, s: ServerSettings, body: dict[str, Any], oa
     try:
         vectors = await asyncio.to_thread(engine.embed, token_lists, s.pooling)
     except Exception as e:
-        raise from_exception(e)
+        raise from_exception(e) from e
     pooled = s.pooling != "none"
-    results = []
+    results: list[dict[str, Any]] = []
     for i, vs in enumerate(vectors):
         vs = [normalize(list(v), embd_normalize) for v in vs] if pooled else [list(v) for v in vs]
         results.append({"index": i, "embedding": vs, "tokens_evaluated": len(token_lists[i])})

@@ -16,7 +16,8 @@ Threading contract:
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from kvserve.engine.request import Emit, GenerationRequest
 

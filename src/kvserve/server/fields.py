@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from kvserve.server.errors import ApiError
 from kvserve.server.jsonio import json_type
@@ -41,7 +42,7 @@ def present(data: dict[str, Any], names: str | Sequence[str]) -> str | None:
     return None
 
 
-def _fmt_limit(v: int | float, is_float: bool) -> str:
+def _fmt_limit(v: float, is_float: bool) -> str:
     # std::to_string: integers plainly, floats with 6 decimals.
     return f"{v:.6f}" if is_float else str(int(v))
 

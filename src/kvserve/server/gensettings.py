@@ -8,7 +8,8 @@ logit_bias, grammar, grammar_lazy, grammar_triggers, preserved_tokens``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from kvserve.engine.request import RequestParams
 from kvserve.engine.sampling_params import SamplingParams

@@ -9,8 +9,10 @@ tier) -- never a request id, a tenant or text -- so the series count stays bound
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 CONTENT_TYPE = "text/plain; version=0.0.4"
 
@@ -54,7 +56,7 @@ _SERIES = re.compile(r"^kvserve:([a-zA-Z_][a-zA-Z0-9_]*)(\{.*\})?$")
 
 def _num(v: Any) -> str:
     f = float(v)
-    if f != f or f in (float("inf"), float("-inf")):
+    if not math.isfinite(f):
         return "0"
     return str(int(f)) if f.is_integer() and abs(f) < 2**53 else repr(f)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Callable
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -60,8 +60,7 @@ class LlamaMiddleware:
         value = headers.get(b"authorization", b"").decode("latin-1")
         if not value:
             value = headers.get(b"x-api-key", b"").decode("latin-1")
-        if value.startswith("Bearer "):
-            value = value[len("Bearer "):]
+        value = value.removeprefix("Bearer ")
         return value
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

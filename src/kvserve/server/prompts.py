@@ -10,7 +10,8 @@ Accepted ``prompt`` forms:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from kvserve.server.engine_api import TokenizerLike
 from kvserve.server.errors import ApiError, invalid, unsupported_field
@@ -84,7 +85,7 @@ def fim_id(tok: Any, name: str) -> int | None:
     """The tokenizer's FIM id (``fim_pre_id`` or ``fim_pre``), None when the model lacks it."""
     for attr in (f"fim_{name}_id", f"fim_{name}", f"fim_{name}_token_id"):
         v = getattr(tok, attr, None)
-        if _is_int(v) and v >= 0:
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
             return int(v)
     return None
 
@@ -148,6 +149,7 @@ def build_infill(tok: Any, input_prefix: Any, input_suffix: Any, input_extra: li
     out: list[int] = []
     if n_extra_take:
         out += extra[len(extra) - n_extra_take:]
-    if getattr(tok, "add_bos", False) and getattr(tok, "bos_id", None) is not None:
-        out.append(int(tok.bos_id))
+    bos = getattr(tok, "bos_id", None)
+    if getattr(tok, "add_bos", False) and bos is not None:
+        out.append(int(bos))
     return out + first + second + [mid]

@@ -9,8 +9,9 @@ import math
 import secrets
 import string
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from kvserve.engine.request import FinalEvent, TokenProb
 from kvserve.server.gensettings import generation_settings

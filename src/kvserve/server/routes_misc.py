@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from kvserve.server import info, metrics, tokens
 from kvserve.server.completions import tenant_of
-from kvserve.server.errors import ApiError, UNAVAILABLE, disabled_endpoint, from_exception, invalid
+from kvserve.server.errors import UNAVAILABLE, ApiError, disabled_endpoint, from_exception, invalid
 from kvserve.server.jsonio import JSONResponse, read_json, read_object
 from kvserve.server.schemas import (
     ChatCompletionRequest,
@@ -88,13 +88,14 @@ def make_router(prefix: str) -> APIRouter:
         filename = ""
         if action != "erase":
             body = await read_object(request, empty_ok=True)
-            filename = body.get("filename") if isinstance(body.get("filename"), str) else ""
+            raw = body.get("filename")
+            filename = raw if isinstance(raw, str) else ""
             if not valid_filename(filename):
                 raise invalid("Invalid filename")
         try:
             result = await asyncio.to_thread(st.engine.slot_action, sid, action, filename, tenant_of(request))
         except Exception as e:
-            raise from_exception(e)
+            raise from_exception(e) from e
         return JSONResponse(result)
 
     @r.get("/metrics", tags=["server"])
@@ -128,7 +129,7 @@ def make_router(prefix: str) -> APIRouter:
                                 ("/responses/input_tokens", True), ("/v1/responses/input_tokens", True)):
         model = ResponsesInputTokensRequest if responses_api else ChatCompletionRequest
 
-        def bind(responses_api: bool = responses_api):  # noqa: ANN202 - closure per route
+        def bind(responses_api: bool = responses_api):
             async def input_tokens(request: Request) -> Response:
                 """Prompt token count of a chat (or Responses) body."""
                 st = request.app.state

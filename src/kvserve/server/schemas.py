@@ -8,14 +8,14 @@ unknown fields ignored, limits clamp, its own error messages), so these pydantic
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
-Prompt = Union[str, list[Union[int, str]], list[Union[str, list[Union[int, str]]]], dict[str, Any]]
-Stop = Union[str, list[str]]
+Prompt = str | list[int | str] | list[str | list[int | str]] | dict[str, Any]
+Stop = str | list[str]
 
 
 class _Body(BaseModel):
@@ -51,14 +51,14 @@ class CompletionRequest(_Body):
     return_progress: bool = False
     timings_per_token: bool = False
     post_sampling_probs: bool = False
-    logit_bias: Union[list[list[Any]], dict[str, Any]] = Field(default_factory=list)
-    samplers: Union[list[str], str, None] = None
+    logit_bias: list[list[Any]] | dict[str, Any] = Field(default_factory=list)
+    samplers: list[str] | str | None = None
     response_fields: list[str] = Field(default_factory=list)
 
 
 class ChatMessage(_Body):
     role: str
-    content: Union[str, list[dict[str, Any]], None] = None
+    content: str | list[dict[str, Any]] | None = None
 
 
 class ChatCompletionRequest(_Body):
@@ -82,8 +82,8 @@ class ChatCompletionRequest(_Body):
 
 
 class InfillRequest(_Body):
-    input_prefix: Union[str, list[Union[int, str]]]
-    input_suffix: Union[str, list[Union[int, str]]]
+    input_prefix: str | list[int | str]
+    input_suffix: str | list[int | str]
     input_extra: list[dict[str, str]] = Field(default_factory=list, description='[{"filename", "text"}]')
     prompt: str = ""
     stream: bool = False
@@ -91,7 +91,7 @@ class InfillRequest(_Body):
 
 
 class TokenizeRequest(_Body):
-    content: Union[str, list[Union[int, str]]]
+    content: str | list[int | str]
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
@@ -102,8 +102,8 @@ class DetokenizeRequest(_Body):
 
 
 class EmbeddingRequest(_Body):
-    input: Union[str, list[int], list[Union[str, list[int]]], None] = None
-    content: Union[str, list[int], list[Union[str, list[int]]], None] = None
+    input: str | list[int] | list[str | list[int]] | None = None
+    content: str | list[int] | list[str | list[int]] | None = None
     encoding_format: str = Field("float", description="float | base64 (OpenAI format)")
     embd_normalize: int = 2
     model: str | None = None
@@ -114,7 +114,7 @@ class SlotActionRequest(_Body):
 
 
 class ResponsesInputTokensRequest(_Body):
-    input: Union[str, list[dict[str, Any]]]
+    input: str | list[dict[str, Any]]
     instructions: str | None = None
 
 
@@ -141,7 +141,5 @@ def install_openapi(app: FastAPI) -> None:
         app.openapi_schema = schema
         return schema
 
-    setattr(app, "openapi", openapi)
+    app.openapi = openapi  # type: ignore[method-assign]
 
-
-OpenAPIFactory = Callable[[], dict[str, Any]]

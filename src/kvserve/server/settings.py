@@ -142,7 +142,7 @@ class ServerSettings:
         return self.aliases[0] if self.aliases else self.model_name
 
     @staticmethod
-    def from_config(cfg: Any, n_slots: int | None = None) -> "ServerSettings":
+    def from_config(cfg: Any, n_slots: int | None = None) -> ServerSettings:
         """``cfg``: ``kvserve.config.Config`` (server/engine/sampling parts), a ``ServerConfig``,
         or any object/dict with these names."""
         d = ServerSettings()

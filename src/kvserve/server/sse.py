@@ -10,14 +10,15 @@ the stream closes (no ``[DONE]``). The HTTP status is decided before the stream 
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from kvserve.engine.request import EngineEvent, ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
 from kvserve.server import responses as R
-from kvserve.server.dispatch import ClientGone, Dispatch, Disconnectable, error_event_body
+from kvserve.server.dispatch import ClientGone, Disconnectable, Dispatch, error_event_body
 from kvserve.server.jsonio import dumps
 
 SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no"}

