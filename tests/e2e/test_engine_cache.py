@@ -105,3 +105,63 @@ def test_cache_ram_zero_retains_nothing(smollm, tok):
     assert b.final.n_cached == 0 and a.final.content == b.final.content
     assert eng.cache.stats().retained_pages == 0
     assert_idle(eng)
+
+
+def test_gemma3_sliding_window_prefix_reuse_beyond_the_window(gemma):
+    """Gemma 3 (SWA window 512): reuse of a prefix longer than the window gives the same
+    greedy output as a cold run."""
+    from kvserve.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(gemma.metadata)
+    eng = make_engine(gemma, n_slots=2, n_ctx=2048, n_batch=512)
+    doc = tok.encode(" ".join(TEXTS * 2), add_special=True, parse_special=False)
+    assert len(doc) > 600
+    p1 = doc + tok.encode(" In one word, the topic is", add_special=False, parse_special=False)
+    _, a = submit(eng, p1, n_predict=8)
+    run(eng, [a])
+    _, b = submit(eng, p1, n_predict=8)
+    run(eng, [b])
+    _, c = submit(eng, p1, n_predict=8, cache_prompt=False)
+    run(eng, [c])
+    assert b.final.n_cached == len(p1) - 1
+    assert a.final.tokens == b.final.tokens == c.final.tokens
+    assert_idle(eng)
+
+
+def test_cache_reuse_moves_a_shifted_chunk(smollm, tok):
+    """--cache-reuse: a cached chunk that reappears later in the prompt is shifted into place."""
+    eng = make_engine(smollm, n_slots=1)
+    head = tok.encode("Header A.", add_special=True, parse_special=False)
+    body = tok.encode(" " + TEXTS[0], add_special=False, parse_special=False)
+    _, a = submit(eng, head + body, n_predict=2)
+    run(eng, [a])
+    # The new prompt drops two header tokens: the body moved left.
+    p2 = head[:-2] + body + tok.encode(" Summary:", add_special=False, parse_special=False)
+    _, b = submit(eng, p2, n_predict=2, n_cache_reuse=32)
+    run(eng, [b])
+    st = eng.cache.stats()
+    assert st.tokens_reused_shift >= len(body) - 1
+    assert b.final.n_cached >= len(head) - 2 + len(body) - 1
+    _, c = submit(eng, p2, n_predict=2, n_cache_reuse=0)
+    run(eng, [c])
+    assert c.final.n_cached == len(head) - 2  # without reuse only the common prefix is reused
+    assert_idle(eng)
+
+
+def test_retained_pages_never_exceed_the_budget_under_churn(smollm, tok):
+    # A budget of 1 MiB: ~14 pages of SmolLM2 f16 KV (16 tokens x 30 layers x 2 x 3 x 64 x 2 B).
+    eng = make_engine(smollm, n_slots=2, cache_ram_mib=1)
+    limit = eng.cache.retain_limit_pages
+    assert 0 < limit < 40
+    peak = 0
+
+    def watch(e):
+        nonlocal peak
+        peak = max(peak, e.cache.stats().retained_pages)
+
+    for i in range(8):
+        _, col = submit(eng, tok.encode(f"Churn {i}: " + TEXTS[i % 3], add_special=True, parse_special=False), n_predict=2)
+        run(eng, [col], on_step=watch)
+    assert 0 < peak <= limit
+    assert eng.cache.stats().evictions > 0
+    assert_idle(eng)

@@ -59,7 +59,20 @@ def _template_source(tmpl: Any) -> str:
     return ""
 
 
+_caps_cache: dict[int, tuple[Any, dict[str, bool]]] = {}
+
+
 def _template_caps(tmpl: Any) -> dict[str, bool]:
+    """Cached per template object (the real template probes by rendering test conversations)."""
+    hit = _caps_cache.get(id(tmpl))
+    if hit is not None and hit[0] is tmpl:
+        return dict(hit[1])
+    out = _compute_caps(tmpl)
+    _caps_cache[id(tmpl)] = (tmpl, out)
+    return dict(out)
+
+
+def _compute_caps(tmpl: Any) -> dict[str, bool]:
     caps = getattr(tmpl, "caps", None)
     if callable(caps):
         caps = caps()
