@@ -221,3 +221,20 @@ def test_random_disconnects_leak_nothing(smollm, tok):
         pass
     assert_idle(eng)
     assert eng.scheduler.stats.requests_finished + eng.scheduler.stats.requests_cancelled >= 150
+
+
+def test_slot_prompt_similarity_and_lru(smollm, tok):
+    eng = make_engine(smollm, n_slots=3, slot_prompt_similarity=0.1)
+    p = _ids(tok, TEXTS[0])
+    _, a = submit(eng, p, n_predict=2)
+    run(eng, [a])
+    assert a.final.id_slot == 2  # LRU on a fresh server: ties go to the highest id
+    _, b = submit(eng, _ids(tok, "Unrelated question about cooking pasta"), n_predict=2)
+    run(eng, [b])
+    assert b.final.id_slot == 1  # no similar slot: least recently used
+    _, c = submit(eng, p[:-5] + _ids(tok, " And then?")[1:], n_predict=2)
+    run(eng, [c])
+    assert c.final.id_slot == 2  # LCP similarity picks the slot that served the same document
+    snap = eng.slots_snapshot()
+    assert snap[2]["n_prompt_tokens"] == len(p) - 5 + len(_ids(tok, " And then?")) - 1 + 2 - 1
+    assert "params" not in snap[0] and snap[2]["is_processing"] is False

@@ -1,0 +1,174 @@
+"""Text kvserve renders from the flag table: ``-h`` usage, ``--version`` and ``docs/compat.md``.
+
+``main`` is the ``python -m kvserve.args --write-compat docs/compat.md`` entry point.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvserve import __version__
+
+from .spec import COMPAT_BUILD, REFUSED_STATUS, ArgType, FlagSpec
+from .status import REFUSED_VALUES
+from .table import FLAGS
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "enabled" if value else "disabled"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    if isinstance(value, tuple):
+        return ", ".join(format_value(v) for v in value) if value else "none"
+    return str(value)
+
+
+def shown_default(spec: FlagSpec) -> str:
+    if spec.shown_default is not None:
+        return spec.shown_default
+    if spec.type is ArgType.VOID:
+        return "off"
+    if spec.default == "":
+        return '""'
+    return format_value(spec.default)
+
+
+def version_text() -> str:
+    return (f"version: kvserve {__version__} (compatible with llama-server {COMPAT_BUILD})\n"
+            f"built with Python {platform.python_version()} for {sys.platform}-{platform.machine()}")
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for para in text.split("\n"):
+        cur = ""
+        for word in para.split(" "):
+            if cur and len(cur) + 1 + len(word) > width:
+                lines.append(cur)
+                cur = word
+            else:
+                cur = f"{cur} {word}" if cur else word
+        lines.append(cur)
+    return lines
+
+
+def usage_entry(spec: FlagSpec) -> str:
+    """One option in llama.cpp's help layout: names at column 0, help from column 40."""
+    names = list(spec.all_names)
+    head = names[0] if len(names) == 1 else (names[0] + ", ").ljust(7) + ", ".join(names[1:])
+    if spec.hint:
+        head += " " + spec.hint
+    parts = [spec.help]
+    if spec.action is None:
+        parts.append(f"(default: {shown_default(spec)})")
+    if spec.envs:
+        parts.append(f"(env: {', '.join(spec.envs)})")
+    if spec.kvserve_only:
+        parts.append("[kvserve only]")
+    if spec.status == REFUSED_STATUS:
+        parts.append(f"[not supported by kvserve: {spec.reason}]")
+    body = _wrap(" ".join(parts), 70)
+    pad = " " * 40
+    first = head + "\n" + pad if len(head) > 37 else head.ljust(40)
+    return first + ("\n" + pad).join(body) + "\n"
+
+
+def format_usage() -> str:
+    sections = (("server params", "server"), ("sampling params", "sampling"),
+                ("kvserve-only params", "kvserve"))
+    out = [f"usage: kvserve [options]   (llama-server {COMPAT_BUILD} compatible)\n"]
+    for title, group in sections:
+        out.append(f"\n----- {title} -----\n\n")
+        out.extend(usage_entry(s) for s in FLAGS if s.group == group)
+    return "".join(out)
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "\\n")
+
+
+def _compat_row(spec: FlagSpec) -> str:
+    flag = ", ".join(spec.names) + (f" {spec.hint}" if spec.hint else "")
+    if spec.neg_names:
+        flag += " / " + ", ".join(spec.neg_names)
+    env = ", ".join(f"`{e}`" for e in spec.envs) or "-"
+    notes = [spec.reason] if spec.status == REFUSED_STATUS else []
+    rule = REFUSED_VALUES.get(spec.dest)
+    if rule is not None:
+        notes.append(rule.doc)
+    if spec.notes:
+        notes.append(spec.notes)
+    default = shown_default(spec).replace("\n", "\\n")
+    return (f"| `{_md(flag)}` | {env} | {_md(default)} | {spec.status} | "
+            f"{_md('; '.join(notes)) or '-'} |")
+
+
+_COMPAT_HEADER = f"""# kvserve command-line compatibility
+
+Generated from the flag table in `src/kvserve/args.py` by
+`python -m kvserve.args --write-compat docs/compat.md`; do not edit by hand.
+
+kvserve takes llama-server's ({COMPAT_BUILD}) flags, `LLAMA_ARG_*` environment variables and
+defaults, parsed with llama.cpp's rules:
+
+- Environment variables are read first; command-line arguments override them, with
+  `warn: <ENV> environment variable is set, but will be overwritten by command line argument <arg>`.
+  Accumulating flags (`--api-key`, `--api-key-file`, `-a`, `--tags`, `-r`, `-l`,
+  `--chat-template-kwargs`) keep the values from both, as llama-server does.
+- Boolean env values: `on|enabled|true|1` / `off|disabled|false|0`; anything else is an error.
+  For a flag pair, a set `LLAMA_ARG_NO_<NAME>` means false. A valueless flag's env var
+  triggers it only when truthy.
+- `--flag_name` equals `--flag-name`; `--flag=value` is not accepted (as in llama-server).
+- Integers and floats parse like C++ `std::stoi` / `std::stof` (a leading number; the rest is ignored).
+- An unknown flag prints `error: invalid argument: <arg>` and exits 1; a repeated flag logs a
+  `DEPRECATED` warning and the last value wins.
+- INI presets (`/etc/llama.cpp/config.ini`, `~/.config/llama.cpp/config.ini`) are not read;
+  kvserve warns when one exists.
+
+**Refused** flags are accepted only at their default value. Any other value, from the command
+line or the environment, stops kvserve with `error: <flag> is not supported by kvserve: <reason>`
+and exit status 1: kvserve never accepts a setting it would silently ignore. Some implemented
+flags refuse particular values (noted below).
+
+Context checkpoints (`--ctx-checkpoints`, `--checkpoint-min-step`): llama-server snapshots the
+KV state of SWA and recurrent layers so a later request can resume from a checkpoint. kvserve's
+shared paged cache keeps the full KV of every layer for every cached token, so any cached prefix
+can be resumed directly and checkpoints are not needed.
+"""
+
+
+def long_name(spec: FlagSpec) -> str:
+    """The first ``--`` name (the one llama.cpp documents), else the first name."""
+    return next((n for n in spec.names if n.startswith("--")), spec.names[0])
+
+
+def render_compat() -> str:
+    out = [_COMPAT_HEADER]
+    sections = (("Server flags", "server"),
+                ("Sampling flags (server defaults for request fields)", "sampling"),
+                ("kvserve-only flags", "kvserve"))
+    for title, group in sections:
+        out.append(f"\n## {title}\n\n| Flag | Env | Default | Status | Reason / notes |\n"
+                   "|---|---|---|---|---|\n")
+        out.extend(_compat_row(s) + "\n" for s in FLAGS if s.group == group)
+    refused = sorted({long_name(s) for s in FLAGS if s.status == REFUSED_STATUS})
+    out.append(f"\n## Refused flags ({len(refused)})\n\n" + ", ".join(f"`{n}`" for n in refused) + "\n")
+    return "".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "--write-compat":
+        with open(argv[1], "w", encoding="utf-8") as f:
+            f.write(render_compat())
+        return 0
+    if argv == ["--print-compat"]:
+        sys.stdout.write(render_compat())
+        return 0
+    print("usage: python -m kvserve.args --write-compat PATH | --print-compat", file=sys.stderr)
+    return 2
