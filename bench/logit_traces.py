@@ -200,6 +200,15 @@ class Lab:
         self.mgr = KVCacheManager(n_pages, page_size, retain_limit_pages=None)
         self._ids = itertools.count(1)
 
+    def poison(self) -> None:
+        """Overwrite the whole KV pool with finite garbage. Called between conditions (when no
+        sequence or cache entry holds a page), so a row that a move or a forward should have
+        written but did not cannot pass by still holding the right numbers from an earlier
+        condition (the page pool hands freed pages out again)."""
+        assert self.mgr.stats().in_use_pages == 0 and self.mgr.stats().retained_pages == 0
+        self.runner.kv.k.fill_(3.0)
+        self.runner.kv.v.fill_(-2.0)
+
     def new_private(self, n_tokens: int) -> tuple[int, tuple[int, ...]]:
         sid = next(self._ids)
         self.mgr.begin(sid, ("private",), [], use_cache=False)
@@ -512,6 +521,7 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
     for k, ids in enumerate(traces):
         other = fillers[k % len(fillers)]
         t0 = time.perf_counter()
+        lab.poison()
         cold = lab.cold(ids)
         conds["cold"].prompts += 1
         # Full mode re-runs the reference (run-to-run determinism); fast mode only counts it.
@@ -529,6 +539,8 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
         jobs.append((f"ubatch_{s.ubatch}", lambda c: run_ubatch(ulab, k, ids, filler, cold, c, s)))
         for cname, job in jobs:
             t0 = time.perf_counter()
+            lab.poison()
+            ulab.poison()
             job(conds[cname])
             conds[cname].seconds += time.perf_counter() - t0
         lab.mgr.check_integrity()

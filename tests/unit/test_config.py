@@ -125,8 +125,9 @@ def test_embedding_forces_batch_to_ubatch() -> None:
 def test_cache_idle_slots_needs_cache_ram() -> None:
     c, warnings = cfg("-cram", "0")
     assert c.engine.cache_idle_slots is False and any("--cache-idle-slots" in w for w in warnings)
-    c, warnings = cfg("-cram", "0", "--no-cache-idle-slots")
-    assert c.engine.cache_idle_slots is False and warnings == []
+    # Idle slots always hand their KV to the shared cache: turning that off is refused.
+    with pytest.raises(ConfigError, match="--no-cache-idle-slots is not supported|cache-idle-slots"):
+        cfg("-cram", "0", "--no-cache-idle-slots")
 
 
 # --- api keys ----------------------------------------------------------------------------------
@@ -176,9 +177,10 @@ def test_threads() -> None:
     assert cfg("-t", "3")[0].engine.threads == 3
     assert cfg("-t", "3")[0].engine.threads_batch is None
     assert cfg("-t", "0")[0].engine.threads == (os.cpu_count() or 1)
-    assert cfg("-tb", "2")[0].engine.threads_batch == 2
-    assert cfg("--threads-http", "5")[0].server.resolve_threads_http(4) == 5
-    assert cfg()[0].server.resolve_threads_http(4) >= 8
+    # One torch thread pool and one asyncio loop: these are refused unless left at default.
+    for flag in ("-tb", "--threads-http"):
+        with pytest.raises(ConfigError, match="not supported by kvserve"):
+            cfg(flag, "2")
 
 
 def test_device_and_dtype_resolution() -> None:
