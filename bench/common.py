@@ -7,6 +7,7 @@ binary from a machine that only has httpx.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shlex
@@ -48,7 +49,7 @@ def fmt(v: Any, digits: int = 1) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        if v != v:
+        if math.isnan(v):
             return "n/a"
         return f"{v:.{digits}f}"
     return str(v)
@@ -57,7 +58,7 @@ def fmt(v: Any, digits: int = 1) -> str:
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], digits: int = 1) -> str:
     cells = [[fmt(c, digits) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = lambda items: "| " + " | ".join(s.ljust(w) for s, w in zip(items, widths)) + " |"  # noqa: E731
+    line = lambda items: "| " + " | ".join(s.ljust(w) for s, w in zip(items, widths, strict=True)) + " |"  # noqa: E731
     out = [line(list(headers)), "| " + " | ".join("-" * w for w in widths) + " |"]
     out += [line(r) for r in cells]
     return "\n".join(out)
@@ -290,7 +291,7 @@ class ServerProcess:
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.1)
-        self.stop()
+        self.stop(keep_log=True)
         raise TimeoutError(f"server not healthy after {timeout:.0f} s: {' '.join(self.argv)}\n" + self.log_tail())
 
     def log_tail(self, n: int = 40) -> str:
@@ -300,7 +301,8 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = 15.0, keep_log: bool = False) -> None:
+        """End the server; its log file is removed unless ``keep_log``."""
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -315,6 +317,10 @@ class ServerProcess:
                     pass
                 self.proc.wait(timeout=timeout)
         self.log.close()
+        if keep_log:
+            print(f"server log kept: {self.log.name}", file=sys.stderr)
+        elif os.path.exists(self.log.name):
+            os.unlink(self.log.name)
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -393,3 +399,127 @@ def make_text_chars(seed: int, n_chars: int) -> str:
         text += " " + make_text(seed * 7919 + len(text), max(1, (n_chars - len(text)) // 4 + 1))
     cut = text.rfind(" ", 0, n_chars)
     return text[: cut if cut > 0 else n_chars]
+
+
+# -- streaming requests ----------------------------------------------------------------------------
+@dataclass
+class ReqResult:
+    """Timings of one streamed request (monotonic seconds) and the server's own counters."""
+
+    t_send: float
+    t_first: float | None = None  # first generated token arrived
+    t_done: float | None = None
+    n_gen: int = 0  # generated tokens (timings.predicted_n, else streamed chunks)
+    prompt_n: int = 0  # timings.prompt_n: prompt tokens evaluated
+    cache_n: int = 0  # timings.cache_n: prompt tokens reused from the cache
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.t_first is None else self.t_first - self.t_send
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Per-stream decode rate: tokens after the first over the time after the first."""
+        if self.t_first is None or self.t_done is None or self.n_gen < 2 or self.t_done <= self.t_first:
+            return None
+        return (self.n_gen - 1) / (self.t_done - self.t_first)
+
+
+async def _sse_events(resp: Any) -> Any:
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        import json
+
+        yield json.loads(payload)
+
+
+def _take_timings(res: ReqResult, obj: dict[str, Any]) -> None:
+    t = obj.get("timings")
+    if isinstance(t, dict):
+        res.prompt_n = int(t.get("prompt_n", 0) or 0)
+        res.cache_n = int(t.get("cache_n", 0) or 0)
+        if t.get("predicted_n") is not None:
+            res.n_gen = int(t["predicted_n"])
+
+
+async def stream_completion(client: Any, url: str, body: dict[str, Any]) -> ReqResult:
+    """POST /completion with ``stream: true`` (native SSE). The first partial chunk carrying
+    content or tokens is the first token; the final chunk (``stop: true``) has ``timings``."""
+    res = ReqResult(time.monotonic())
+    chunks, parts = 0, []
+    try:
+        async with client.stream("POST", url.rstrip("/") + "/completion", json={**body, "stream": True}) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for obj in _sse_events(r):
+                if "error" in obj:
+                    res.error = str(obj["error"])[:200]
+                    break
+                if obj.get("stop"):
+                    res.t_done = time.monotonic()
+                    _take_timings(res, obj)
+                    continue
+                if "prompt_progress" in obj and not obj.get("tokens") and not obj.get("content"):
+                    continue
+                if res.t_first is None:
+                    res.t_first = time.monotonic()
+                chunks += 1
+                parts.append(obj.get("content", ""))
+    except Exception as e:  # noqa: BLE001 - reported per request
+        res.error = f"{type(e).__name__}: {e}"[:200]
+    if res.t_done is None and res.error is None:
+        res.t_done = time.monotonic()
+    if res.n_gen == 0:
+        res.n_gen = chunks
+    res.text = "".join(parts)
+    return res
+
+
+async def stream_chat(client: Any, url: str, body: dict[str, Any]) -> ReqResult:
+    """POST /v1/chat/completions with ``stream: true``. The first chunk with choices is the
+    first token (llama-server sends the role chunk with it); the last chunk carries ``timings``
+    (and ``usage`` with ``stream_options.include_usage``)."""
+    res = ReqResult(time.monotonic())
+    chunks, parts = 0, []
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    try:
+        async with client.stream("POST", url.rstrip("/") + "/v1/chat/completions", json=payload) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for obj in _sse_events(r):
+                if "error" in obj:
+                    res.error = str(obj["error"])[:200]
+                    break
+                choices = obj.get("choices") or []
+                if choices and res.t_first is None and not obj.get("prompt_progress"):
+                    res.t_first = time.monotonic()
+                for ch in choices:
+                    delta = ch.get("delta") or {}
+                    if delta.get("content"):
+                        parts.append(delta["content"])
+                        chunks += 1
+                    if ch.get("finish_reason"):
+                        res.t_done = time.monotonic()
+                usage = obj.get("usage")
+                if isinstance(usage, dict):
+                    res.n_gen = int(usage.get("completion_tokens", 0) or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    res.cache_n = int(details.get("cached_tokens", 0) or 0)
+                    res.prompt_n = int(usage.get("prompt_tokens", 0) or 0) - res.cache_n
+                _take_timings(res, obj)
+    except Exception as e:  # noqa: BLE001 - reported per request
+        res.error = f"{type(e).__name__}: {e}"[:200]
+    if res.t_done is None and res.error is None:
+        res.t_done = time.monotonic()
+    if res.n_gen == 0:
+        res.n_gen = chunks
+    res.text = "".join(parts)
+    return res

@@ -38,7 +38,7 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -382,7 +382,7 @@ def run_batch(lab: Lab, k: int, ids: list[int], fillers: list[list[int]], cold: 
     for step in range(steps):
         mine = ids[: n - tail] if step == 0 else ids[pos : pos + 1]
         chunks = []
-        for j, (sid, t, toks, p, per) in enumerate(others):
+        for sid, t, toks, p, per in others:
             start = p + step * per
             chunks.append(SeqChunk(sid, tuple(toks[start : start + per]), start, t, "last"))
         chunks.insert(where, SeqChunk(me, tuple(mine), pos, table, "all"))
@@ -431,6 +431,39 @@ def run_ubatch(ulab: Lab, k: int, ids: list[int], filler: list[int], cold: torch
 
 
 # -- driver -------------------------------------------------------------------------------------------
+@dataclass
+class Job:
+    """Everything the conditions need for one prompt."""
+
+    lab: Lab
+    ulab: Lab
+    s: Settings
+    k: int  # prompt index
+    ids: list[int]
+    cold: torch.Tensor
+    other: list[int]  # foreign tokens for cache entries
+    filler: list[int]  # the sequence sharing the ubatch plan
+    fillers: list[list[int]]  # neighbours in batch_W
+
+    def run(self, name: str, cond: Cond) -> None:
+        lab, s, k, ids, cold = self.lab, self.s, self.k, self.ids, self.cold
+        kind, _, arg = name.rpartition("_")
+        if name == "prefix_hit_full":
+            run_prefix_full(lab, k, ids, cold, cond, s)
+        elif name == "prefix_hit_partial":
+            run_prefix_partial(lab, k, ids, self.other, cold, cond, s)
+        elif name == "kv_shift_reuse":
+            run_kv_shift(lab, k, ids, self.other, cold, cond, s)
+        elif kind == "batch":
+            run_batch(lab, k, ids, self.fillers, cold, cond, s, int(arg))
+        elif kind == "chunk":
+            run_chunks(lab, k, ids, cold, cond, s, int(arg))
+        elif kind == "ubatch":
+            run_ubatch(self.ulab, k, ids, self.filler, cold, cond, s)
+        else:
+            raise ValueError(f"unknown condition {name!r}")
+
+
 def resolve_model(name: str) -> tuple[str, str]:
     from kvserve.model.files import default_model_path, gemma3_270m_path
 
@@ -527,21 +560,12 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
         # Full mode re-runs the reference (run-to-run determinism); fast mode only counts it.
         compare(conds["cold"], cold, cold if s.fast else lab.cold(ids), s.threshold)
         conds["cold"].seconds += time.perf_counter() - t0
-        jobs: list[tuple[str, Callable[[Cond], None]]] = [
-            ("prefix_hit_full", lambda c: run_prefix_full(lab, k, ids, cold, c, s)),
-            ("prefix_hit_partial", lambda c: run_prefix_partial(lab, k, ids, other, cold, c, s)),
-            ("kv_shift_reuse", lambda c: run_kv_shift(lab, k, ids, other, cold, c, s)),
-        ]
-        jobs += [(f"batch_{w}", lambda c, w=w: run_batch(lab, k, ids, fillers, cold, c, s, w))
-                 for w in s.batch_widths]
-        jobs += [(f"chunk_{n}", lambda c, n=n: run_chunks(lab, k, ids, cold, c, s, n)) for n in s.chunk_sizes]
-        filler = fillers[(k + 1) % len(fillers)]
-        jobs.append((f"ubatch_{s.ubatch}", lambda c: run_ubatch(ulab, k, ids, filler, cold, c, s)))
-        for cname, job in jobs:
+        job = Job(lab, ulab, s, k, ids, cold, other, fillers[(k + 1) % len(fillers)], fillers)
+        for cname in s.condition_names()[1:]:
             t0 = time.perf_counter()
             lab.poison()
             ulab.poison()
-            job(conds[cname])
+            job.run(cname, conds[cname])
             conds[cname].seconds += time.perf_counter() - t0
         lab.mgr.check_integrity()
         print(f"prompt {k} ({len(ids)} tokens) done at {time.perf_counter() - t_start:.1f} s",

@@ -29,7 +29,7 @@ def _run_fast(loaded, capsys: pytest.CaptureFixture[str]) -> None:
     lt = _load_bench()
     status = lt.main(["--fast"], loaded=loaded)
     out = capsys.readouterr().out
-    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| ([a-z0-9_]+) +\|.*$", out, re.M)}
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| ([a-z0-9_]+) +\|.*$", out, re.MULTILINE)}
     for name in lt.condition_names(fast=True):
         assert name in rows, f"condition {name} missing from the report:\n{out}"
     assert status == 0, out

@@ -45,3 +45,15 @@ def test_quantized_weights_load(tmp_path):
         loaded = load_gguf(write_random_gguf(str(tmp_path / f"{q}.gguf"), spec))
         assert loaded.model.layers[0].attn.q.weight.dtype == torch.float32
         assert torch.isfinite(loaded.model.layers[0].mlp.down.weight).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runs_close_to_fp32(dtype, tmp_path):
+    spec = SynthSpec(arch="gemma3", sliding_window=16, n_vocab=1200)
+    path = write_random_gguf(str(tmp_path / "g.gguf"), spec)
+    ids = tuple(range(5, 45))
+    ref = ModelRunner(load_gguf(path), n_pages=8).run(Plan((SeqChunk(0, ids, 0, (0, 1, 2), "all"),))).logits[0]
+    half = ModelRunner(load_gguf(path, dtype=dtype), n_pages=8)
+    out = half.run(Plan((SeqChunk(0, ids, 0, (0, 1, 2), "all"),))).logits[0]
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert (out - ref).abs().max().item() / ref.abs().max().item() < 0.1

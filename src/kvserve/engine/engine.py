@@ -229,9 +229,11 @@ class Engine:
     def step(self) -> bool:
         """One schedule → run → commit. Returns whether a plan ran."""
         with self._lock:
+            t0 = time.perf_counter()
             plan = self.scheduler.schedule()
             if plan is None:
                 return False
+            t1 = time.perf_counter()
             try:
                 out = self.runner.run(plan)
             except Exception as e:  # a failed forward fails its requests, not the server
@@ -239,7 +241,11 @@ class Engine:
                 self.last_error = e
                 self.scheduler.fail_all([c.seq_id for c in plan.chunks], f"forward pass failed: {e}")
                 return True
+            t2 = time.perf_counter()
             self.scheduler.commit(plan, out)
+            st = self.scheduler.stats
+            st.scheduler_s += (t1 - t0) + (time.perf_counter() - t2)
+            st.forward_s += t2 - t1
             if self.opts.check_integrity:
                 self.cache.check_integrity()
         if self.step_hook is not None:

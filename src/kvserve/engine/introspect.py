@@ -70,6 +70,8 @@ def metrics_snapshot(engine: Any) -> dict[str, float]:
             "kvserve:kv_pages_free": c.free_pages,
             "kvserve:kv_pages_in_use": c.in_use_pages,
             "kvserve:kv_page_tokens": page_tokens,
+            "kvserve:scheduler_seconds_total": sch.stats.scheduler_s,
+            "kvserve:forward_seconds_total": sch.stats.forward_s,
         }
     )
     return m

@@ -22,6 +22,8 @@ class EngineStats:
     bucket_predicted_tokens: int = 0
     bucket_predicted_s: float = 0.0
     requests_finished: int = 0
+    scheduler_s: float = 0.0  # Python time in schedule() + commit() (sampling included)
+    forward_s: float = 0.0  # time in runner.run()
     requests_cancelled: int = 0
     t_start: float = field(default_factory=time.time)
 

@@ -35,6 +35,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: Rop
     else:
         x1, x2 = xr[..., 0::2], xr[..., 1::2]
         out = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+    out = out.to(x.dtype)  # angles are float32; keep the activations' dtype (bf16/f16 models)
     if rest.shape[-1]:
         out = torch.cat([out, rest], dim=-1)
     return out

@@ -48,14 +48,18 @@ def _byte_vocab(n_vocab: int) -> tuple[list[str], list[str]]:
     tokens = list(symbols)
     merges: list[str] = []
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    known = set(tokens)
+    heads = list(letters)  # merge every head with every letter, breadth first: unbounded vocab
     i = 0
     while len(tokens) < n_vocab - 1:
-        a, b = letters[i % 26], letters[(i // 26) % 26]
-        tok = a + b
-        if tok not in tokens:
-            tokens.append(tok)
-            merges.append(f"{a} {b}")
+        a, b = heads[i // 26], letters[i % 26]
         i += 1
+        if a + b in known:
+            continue
+        tokens.append(a + b)
+        known.add(a + b)
+        heads.append(a + b)
+        merges.append(f"{a} {b}")
     tokens.append("<|endoftext|>")
     return tokens, merges
 
