@@ -55,6 +55,9 @@ class AttnMeta:
         return m
 
 
+_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
+
+
 def _rows(page_table: torch.Tensor, pos: torch.Tensor, page_size: int) -> torch.Tensor:
     return page_table[pos // page_size] * page_size + pos % page_size
 
@@ -63,6 +66,12 @@ def _gqa_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     """q [n, H, D], k/v [L, Hkv, D], mask [n, L] → [n, H, D] without repeating K/V per group."""
     n, h, d = q.shape
     hkv = k.shape[1]
+    if _HAS_GQA:
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype),
+            attn_mask=mask.unsqueeze(0), scale=scale, enable_gqa=h != hkv,
+        )
+        return o.transpose(0, 1)
     g = h // hkv
     qh = q.view(n, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * n, d)
     kh = k.permute(1, 0, 2)
@@ -70,6 +79,19 @@ def _gqa_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     m = mask.unsqueeze(0).expand(g, n, mask.shape[-1]).reshape(1, g * n, mask.shape[-1])
     o = F.scaled_dot_product_attention(qh, kh.to(q.dtype), vh.to(q.dtype), attn_mask=m, scale=scale)
     return o.view(hkv, g, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+
+
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """A chunk that starts at position 0 with no window: plain causal attention, which lets
+    SDPA use its fused (flash) kernel instead of a materialized mask."""
+    h, hkv = q.shape[1], k.shape[1]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1).to(q.dtype), v.transpose(0, 1).to(q.dtype)
+    if h != hkv and not _HAS_GQA:
+        kh = kh.repeat_interleave(h // hkv, dim=0)
+        vh = vh.repeat_interleave(h // hkv, dim=0)
+    kw = {"enable_gqa": True} if h != hkv and _HAS_GQA else {}
+    o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale, **kw)
+    return o.transpose(0, 1)
 
 
 def paged_attention(
@@ -88,6 +110,12 @@ def paged_attention(
     ps = meta.page_size
     for s in meta.prefill:
         last = s.pos_start + s.q_len  # keys [lo, last)
+        if s.pos_start == 0 and (window == 0 or s.q_len <= window):
+            rows = _rows(s.page_table, torch.arange(0, last, device=q.device), ps)
+            out[s.q_start : s.q_start + s.q_len] = _causal_sdpa(
+                q[s.q_start : s.q_start + s.q_len], k_cache.index_select(0, rows), v_cache.index_select(0, rows), scale
+            )
+            continue
         lo = max(0, s.pos_start - window + 1) if window > 0 else 0
         kpos = torch.arange(lo, last, device=q.device)
         rows = _rows(s.page_table, kpos, ps)
