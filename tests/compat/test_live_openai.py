@@ -101,3 +101,12 @@ def test_slot_save_restore_roundtrip(server):
 
 def test_no_prompt_text_in_logs(server):
     assert SECRET not in server.log()
+
+
+def test_props_show_the_cache_budget(server):
+    props = httpx.get(server.url + "/props", timeout=30).json()
+    cache = props["kvserve_cache"]
+    pages = min((8192 << 20) // cache["page_bytes"], cache["pool_pages"])  # --cache-ram default 8192 MiB
+    assert cache["cache_ram_budget_bytes"] == pages * cache["page_bytes"]
+    assert cache["retained_bytes"] <= cache["cache_ram_budget_bytes"]
+    assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 2048

@@ -89,8 +89,6 @@ REFUSED: dict[str, str] = {
     "flash_attn": "the attention backend is chosen by the device (torch SDPA on CPU)",
     "threads_batch": "one torch thread pool serves prompt and generation; use -t",
     "threads_http": "HTTP is served by one asyncio event loop, not a thread pool",
-    "timeout": "HTTP read/write timeouts are not configurable; bound generation time per request "
-    "with t_max_predict_ms or n_predict",
 }
 
 KV_CACHE_TYPES_SUPPORTED = ("f32", "f16", "bf16")

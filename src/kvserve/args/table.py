@@ -40,7 +40,7 @@ from .convert import (
 from .spec import INT_MAX, LLAMA_DEFAULT_SEED, REFUSED_STATUS, ArgType, FlagSpec, parse_csv_row
 from .status import REFUSED
 
-I, FL, S, B, V = ArgType.INT, ArgType.FLOAT, ArgType.STR, ArgType.BOOL, ArgType.VOID
+I, FL, S, B, V = ArgType.INT, ArgType.FLOAT, ArgType.STR, ArgType.BOOL, ArgType.VOID  # noqa: E741 - short type names keep the table readable
 
 
 def F(names: str, dest: str, type_: ArgType, default: Any, help: str, *, neg: str = "",
@@ -106,7 +106,8 @@ _ROWS: tuple[FlagSpec, ...] = (
       hint="HEADERS"),
     F("--cors-credentials", "cors_credentials", B, True, "allow credentials for CORS",
       neg="--no-cors-credentials", env="LLAMA_ARG_CORS_CREDENTIALS"),
-    F("-to --timeout", "timeout", I, 3600, "HTTP read/write timeout in seconds", env="LLAMA_ARG_TIMEOUT"),
+    F("-to --timeout", "timeout", I, 3600, "HTTP read/write timeout in seconds", env="LLAMA_ARG_TIMEOUT",
+      notes="a request that produces no result for this long is cancelled and answered 503"),
     F("--sse-ping-interval", "sse_ping_interval", I, 30, "SSE keep-alive interval in seconds (-1 = off)",
       env="LLAMA_ARG_SSE_PING_INTERVAL"),
     F("--threads-http", "threads_http", I, -1, "threads used to process HTTP requests (-1 = auto)",
@@ -151,15 +152,23 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("-cb --cont-batching", "cont_batching", B, True, "continuous batching", neg="-nocb --no-cont-batching",
       env="LLAMA_ARG_CONT_BATCHING"),
     F("-kvu --kv-unified", "kv_unified", B, False, "one KV buffer shared by all sequences",
-      neg="-no-kvu --no-kv-unified", env="LLAMA_ARG_KV_UNIFIED", notes="forced on when -np is auto"),
+      neg="-no-kvu --no-kv-unified", env="LLAMA_ARG_KV_UNIFIED",
+      notes="forced on when -np is auto. kvserve always keeps one page pool for all slots; this flag "
+      "decides the per-slot context limit (unified: the whole -c; otherwise -c / -np, padded to 256)"),
     F("--cache-prompt", "cache_prompt", B, True, "prompt caching", neg="--no-cache-prompt",
-      env="LLAMA_ARG_CACHE_PROMPT"),
+      env="LLAMA_ARG_CACHE_PROMPT",
+      notes="default of the per-request cache_prompt: lookup in, and donation to, the one prefix cache "
+      "shared by all slots (token-granular, prompt and generated tokens)"),
     F("--cache-reuse", "cache_reuse", I, 0, "min chunk size for KV-shift reuse (0 = off)",
-      env="LLAMA_ARG_CACHE_REUSE"),
+      env="LLAMA_ARG_CACHE_REUSE",
+      notes="default of n_cache_reuse: cached chunks that moved are re-rotated into place (rope_shift) on "
+      "private copies of shared pages; shifted KV is not donated back (it is approximate)"),
     F("-sps --slot-prompt-similarity", "slot_prompt_similarity", FL, 0.10,
       "prompt similarity needed to reuse a slot (0.0 = off)", hint="SIMILARITY"),
     F("-cram --cache-ram", "cache_ram_mib", I, 8192,
-      "host-RAM prompt cache size in MiB (-1 = no limit, 0 = off)", env="LLAMA_ARG_CACHE_RAM"),
+      "host-RAM prompt cache size in MiB (-1 = no limit, 0 = off)", env="LLAMA_ARG_CACHE_RAM",
+      notes="strict byte budget for KV pages that no running request holds (LRU eviction); 0 turns "
+      "prefix reuse off entirely, also within a slot; shown in /metrics and /props"),
     F("--cache-idle-slots", "cache_idle_slots", B, True, "save idle slots to the prompt cache",
       neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
       notes="disabled with a warning when --cache-ram is 0"),
@@ -170,7 +179,9 @@ _ROWS: tuple[FlagSpec, ...] = (
       convert=_int_min(0, "checkpoint-min-step must be non-negative")),
     F("--context-shift", "context_shift", B, False, "context shift on infinite generation",
       neg="--no-context-shift", env="LLAMA_ARG_CONTEXT_SHIFT"),
-    F("--swa-full", "swa_full", V, False, "full-size SWA cache", env="LLAMA_ARG_SWA_FULL"),
+    F("--swa-full", "swa_full", V, False, "full-size SWA cache", env="LLAMA_ARG_SWA_FULL",
+      notes="kvserve always keeps full-size KV for sliding-window layers (windows are applied as "
+      "masks), so prefix reuse works at any length; the flag names that behaviour"),
     F("--keep", "n_keep", I, 0, "tokens to keep from the prompt on context shift (-1 = all)"),
     F("--slot-save-path", "slot_save_path", S, None, "directory for slot save/restore (enables POST /slots)",
       hint="PATH", convert=lambda t, w: _slot_save_path(t, w), notes="must be an existing directory"),

@@ -145,6 +145,22 @@ class Engine:
         with self._lock:
             return introspect.metrics_snapshot(self)
 
+    def cache_info(self) -> dict[str, Any]:
+        """The shared prefix cache's budget and state, for /props."""
+        with self._lock:
+            st = self.cache.stats()
+            limit = self.cache.retain_limit_pages
+            return {
+                "page_tokens": self.cache.page_size,
+                "page_bytes": self.page_bytes,
+                "pool_pages": self.cache.pool.n_pages,
+                "cache_ram_budget_bytes": -1 if limit is None else limit * self.page_bytes,
+                "retained_bytes": st.retained_pages * self.page_bytes,
+                "retained_tokens": st.retained_tokens,
+                "in_use_pages": st.in_use_pages,
+                "free_pages": st.free_pages,
+            }
+
     def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
         slot_id = id_slot % self.n_slots
         if self.scheduler.slots[slot_id].busy:

@@ -218,9 +218,9 @@ class Scheduler:
         slot = self.slots[seq.slot_id]
         slot.n_prompt_cache = adm.n_cached
         log.info(
-            "task %d: slot %d, prompt %d tokens, cached %d (prefix %d, shift %d), lookup stopped: %s",
+            "task %d: slot %d, prompt %d tokens, cached %d (prefix %d, shift %d), lookup stopped at %d: %s",
             seq.id, seq.slot_id, seq.n_prompt, adm.n_cached, adm.n_reused_prefix, adm.n_reused_shift,
-            adm.stop_reason,
+            adm.n_hit, adm.stop_reason,
         )
 
     def _context_shift(self, seq: Sequence) -> None:

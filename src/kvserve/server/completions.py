@@ -120,7 +120,7 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     ctx = R.ResponseContext(model=s.model_id, build_info=s.build_info, params=params, prompt_texts=prompt_texts)
 
     reqs = build_requests(engine, prompts, params, CacheIdentity(tenant=tenant_of(request)))
-    d = Dispatch(engine)
+    d = Dispatch(engine, timeout=s.timeout)
     d.submit(reqs)
 
     if not params.req.stream:

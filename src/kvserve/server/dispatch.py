@@ -35,14 +35,20 @@ class ClientGone(Exception):
 
 
 class Dispatch:
-    def __init__(self, engine: EngineAPI, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(
+        self, engine: EngineAPI, loop: asyncio.AbstractEventLoop | None = None, timeout: float | None = None
+    ):
+        """``timeout`` (``--timeout``): seconds a request may go without producing any event
+        before it is cancelled and answered with an error; None = no limit."""
         self.engine = engine
+        self.timeout = timeout if timeout and timeout > 0 else None
         self.loop = loop or asyncio.get_running_loop()
         self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self.ids: list[int] = []
         self.pending: set[int] = set()
         self.cancelled = False
         self._last_check = self.loop.time()
+        self._last_event = self.loop.time()
 
     # engine thread -------------------------------------------------------------------
     def emit(self, ev: EngineEvent) -> None:
@@ -93,6 +99,7 @@ class Dispatch:
                 continue  # late event of a cancelled/finished request
             if isinstance(ev, (FinalEvent, ErrorEvent)):
                 self.pending.discard(ev.request_id)
+            self._last_event = self.loop.time()
             return ev
 
     async def next_or_gone(self, client: Disconnectable, poll: float | None = None) -> EngineEvent:
@@ -106,9 +113,19 @@ class Dispatch:
                 if await client.is_disconnected():
                     self.cancel()
                     raise ClientGone()
+            self.check_timeout()
             ev = await self.next(max(0.0, interval - (self.loop.time() - self._last_check)))
             if ev is not None:
                 return ev
+
+    def check_timeout(self) -> None:
+        """Cancel and raise 503 when nothing arrived for ``timeout`` seconds."""
+        if self.timeout is not None and self.pending and self.loop.time() - self._last_event > self.timeout:
+            self.cancel()
+            raise ApiError(
+                f"no result within the server timeout ({self.timeout:g} s); the request was cancelled",
+                "unavailable_error",
+            )
 
     async def collect(self, client: Disconnectable, poll: float | None = None) -> list[FinalEvent]:
         """Wait for every result (sorted by index). The first error cancels the siblings and

@@ -113,7 +113,14 @@ def props_body(engine: EngineAPI, s: ServerSettings) -> dict[str, Any]:
         "build_info": s.build_info,
         "is_sleeping": False,
         "cors_proxy_enabled": False,
+        **_cache_props(engine),
     }
+
+
+def _cache_props(engine: EngineAPI) -> dict[str, Any]:
+    """kvserve's prompt-cache settings and state (an extra key; llama-server clients ignore it)."""
+    info = getattr(engine, "cache_info", None)
+    return {"kvserve_cache": info()} if callable(info) else {}
 
 
 def slots_body(engine: EngineAPI, s: ServerSettings) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from kvserve.engine.request import EngineEvent, ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
 from kvserve.server import responses as R
+from kvserve.server.errors import ApiError
 from kvserve.server.dispatch import ClientGone, Disconnectable, Dispatch, error_event_body
 from kvserve.server.jsonio import dumps
 
@@ -182,6 +183,11 @@ async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Dis
             if d.done:
                 break
             wait = 1.0 if ping_s <= 0 else max(0.01, min(1.0, ping_s - (time.monotonic() - last)))
+            try:
+                d.check_timeout()
+            except ApiError as e:
+                yield frame(e.body())
+                return
             ev = await d.next(wait)
             if ev is None and ping_s > 0 and time.monotonic() - last >= ping_s:
                 yield PING
