@@ -67,7 +67,9 @@ from common import (  # noqa: E402
 )
 
 SCENARIOS = ("idle", "shared_prefix_burst", "seqshare", "multiturn", "churn")
-CONFIG_FLAGS = {"default": "", "no-cache-prompt": "--no-cache-prompt", "cache-ram-0": "--cache-ram 0"}
+CONFIG_FLAGS = {"default": "", "no-cache-prompt": "--no-cache-prompt", "cache-ram-0": "--cache-ram 0",
+                "cache-ram-64": "--cache-ram 64"}
+DEFAULT_CACHE_RAM_MIB = 8192  # kvserve's (and llama-server's) --cache-ram default
 DEFAULT_CMD = "{python} -m kvserve -np 8 -c 32768 --metrics"
 TOKENS_PER_WORD = 1.1  # make_text on the SmolLM2 tokenizer
 GPU_METRIC = re.compile(r"^kvserve:(cuda_[a-z_]*bytes|[a-z_]*cuda[a-z_]*memory[a-z_]*bytes)$")
@@ -230,11 +232,19 @@ def acceptance(outs: dict[tuple[str, str], Outcome]) -> list[tuple[str, bool | N
         sp = ratio(n.wall_s, d.wall_s) if d and n and not d.error and not n.error else None
         checks.append((f"{sc}: default >= 1.6x faster than no-cache-prompt", None if sp is None else sp >= 1.6,
                        f"speed-up {fmt(sp, 2)}"))
-    for sc in SCENARIOS:
+    for sc in ("idle", "shared_prefix_burst", "seqshare", "multiturn"):
         d, n = outs.get(("default", sc)), outs.get(("no-cache-prompt", sc))
         r = ratio(d.run_peak_mib, n.run_peak_mib) if d and n and not d.error and not n.error else None
         checks.append((f"{sc}: run peak default <= no-cache-prompt + 15%", None if r is None else r <= 1.15,
                        f"run peak ratio {fmt(r, 3)}"))
+    # Churn shares nothing: what the cache keeps is bounded by --cache-ram, not by a ratio.
+    n = outs.get(("no-cache-prompt", "churn"))
+    for config, budget in (("default", DEFAULT_CACHE_RAM_MIB), ("cache-ram-64", 64)):
+        d = outs.get((config, "churn"))
+        extra = d.run_peak_mib - n.run_peak_mib if d and n and not d.error and not n.error else None
+        checks.append((f"churn: {config} run peak - no-cache-prompt <= --cache-ram {budget} MiB (+5% RSS noise)",
+                       None if extra is None else extra <= budget + 0.05 * n.run_peak_mib,
+                       "n/a" if extra is None else f"{extra:.0f} MiB"))
     return checks
 
 
@@ -274,7 +284,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", help="shorthand for --server-args '-m PATH'")
     p.add_argument("--peer", help="a llama-server-compatible command run as config 'peer'")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--configs", default=None, help="default,no-cache-prompt,cache-ram-0[,peer]")
+    p.add_argument("--configs", default=None, help="default,no-cache-prompt,cache-ram-0[,cache-ram-64][,peer]")
     p.add_argument("--scale", type=float, default=1.0, help="shrinks prompt lengths, token counts and idle time")
     p.add_argument("--settle-s", type=float, default=2.0, help="idle time before the settle sample")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout, seconds")

@@ -110,3 +110,12 @@ def test_props_show_the_cache_budget(server):
     assert cache["cache_ram_budget_bytes"] == pages * cache["page_bytes"]
     assert cache["retained_bytes"] <= cache["cache_ram_budget_bytes"]
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 2048
+
+
+def test_n_choices_fan_out_to_slots(client):
+    r = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Pick a colour."}], max_tokens=4, n=2, seed=5
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert all(c.message.content for c in r.choices)
+    assert 2 <= r.usage.completion_tokens <= 8  # both choices counted, 4 tokens at most each

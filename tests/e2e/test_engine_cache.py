@@ -62,6 +62,9 @@ def test_generated_tokens_are_donated_for_multiturn(smollm, tok):
     # KV holds the prompt and all generated tokens but the last (never evaluated).
     assert b.final.n_cached == len(p1) + len(a.final.tokens) - 1
     assert a.final.tokens_cached == len(p1) + len(a.final.tokens) - 1
+    _, cold = submit(eng, p2, cache_prompt=False)
+    run(eng, [cold])
+    assert cold.final.tokens == b.final.tokens  # the second turn answers the same from cache
     assert_idle(eng)
 
 
@@ -71,13 +74,19 @@ def test_burst_on_a_new_document_computes_it_once(smollm, tok):
     cols = []
     for i in range(8):
         q = tok.encode(f"\nQuestion {i}: summarise part {i}.", add_special=False, parse_special=False)
-        cols.append(submit(eng, doc + q, n_predict=4)[1])
+        col = submit(eng, doc + q, n_predict=4)[1]
+        col.prompt = doc + q
+        cols.append(col)
     run(eng, cols)
     evaluated = eng.scheduler.stats.prompt_tokens_total
     suffixes = sum(c.final.n_prompt - c.final.n_cached for c in cols[1:])
     assert evaluated == len(doc) + (cols[0].final.n_prompt - len(doc)) + suffixes
     assert evaluated < len(doc) + 8 * 40, evaluated  # not 8 x the document
     assert all(c.final.n_cached >= (len(doc) // 16) * 16 for c in cols[1:])
+    for i in (1, 6):  # answers equal those of uncached runs of the same prompts
+        _, cold = submit(eng, list(cols[i].prompt), n_predict=4, cache_prompt=False)
+        run(eng, [cold])
+        assert cold.final.tokens == cols[i].final.tokens
     assert_idle(eng)
 
 

@@ -238,3 +238,16 @@ def test_slot_prompt_similarity_and_lru(smollm, tok):
     snap = eng.slots_snapshot()
     assert snap[2]["n_prompt_tokens"] == len(p) - 5 + len(_ids(tok, " And then?")) - 1 + 2 - 1
     assert "params" not in snap[0] and snap[2]["is_processing"] is False
+
+
+def test_embeddings_pool_hidden_states(smollm, tok):
+    eng = make_engine(smollm, n_slots=1)
+    ids = _ids(tok, "Embeddings of a short sentence.")
+    # No engine thread in these tests: the test thread is the engine thread.
+    mean, last, per_token = (eng._embed_one(ids, p) for p in ("mean", "last", "none"))
+    assert len(mean) == 1 and len(mean[0]) == smollm.cfg.n_embd
+    assert len(per_token) == len(ids) and per_token[-1] == last[0]
+    import torch
+
+    assert torch.allclose(torch.tensor(per_token).mean(0), torch.tensor(mean[0]), atol=1e-5)
+    assert_idle(eng)  # the temporary pages were returned
