@@ -93,3 +93,27 @@ def test_rope_composes_exactly():
         b = apply_rope(x, *rope_cos_sin(p - 300, 32, 10000.0, 1.0, torch.float32), style)
         b = apply_rope(b, *rope_cos_sin(torch.full((64,), 300), 32, 10000.0, 1.0, torch.float32), style)
         assert (a - b).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("window", [0, 40, 200])
+def test_shared_prefix_decode_equals_padded_decode(window, monkeypatch):
+    """Decode queries whose page tables share leading pages read the prefix once (cascade);
+    the result equals attending to each sequence's keys separately."""
+    import kvserve.model.attention as attn
+
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(64 * 16, 3, 64, generator=gen)
+    v = torch.randn(64 * 16, 3, 64, generator=gen)
+    shared = list(range(10))
+    tables = [(shared + [20 + i, 40 + i], 10 * 16 + 5 + 3 * i) for i in range(4)]
+    tables.append(([50 + j for j in range(11)], 170))  # an unrelated sequence in the same batch
+    chunks = [(length - 1, 1, t) for t, length in tables]
+    q = torch.randn(len(chunks), 9, 64, generator=gen)
+    meta = attn.build_meta(chunks, 16, torch.device("cpu"))
+    assert [g.shared_rows is not None for g in meta.decode] == [True, False]
+    cascade = attn.paged_attention(q, k, v, meta, window, 0.125)
+    monkeypatch.setattr(attn, "CASCADE_MIN_SHARED", 1 << 30)
+    plain_meta = attn.build_meta(chunks, 16, torch.device("cpu"))
+    assert all(g.shared_rows is None for g in plain_meta.decode)
+    plain = attn.paged_attention(q, k, v, plain_meta, window, 0.125)
+    assert (cascade - plain).abs().max().item() <= 1e-5

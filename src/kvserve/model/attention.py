@@ -26,10 +26,45 @@ class PrefillSeq:
 
 @dataclass
 class DecodeGroup:
+    """Single-token queries. When their page tables start with the same pages (a shared
+    prompt prefix), keys [0, n_shared) are read once for all of them ("cascade"):
+
+        positions  [0, n_shared)        shared_rows: one copy, attended by every query
+                   [n_shared, L_b)      kv_rows / key_pos: per sequence, padded
+    """
+
     batch_idx: torch.Tensor  # int64 [B]: rows of the batch that are single-token chunks
-    kv_rows: torch.Tensor  # int64 [B, Lmax]: flat KV rows of positions 0..L_b-1 (padded)
+    kv_rows: torch.Tensor  # int64 [B, Lmax]: flat KV rows of positions n_shared..L_b-1 (padded)
     key_pos: torch.Tensor  # int64 [B, Lmax]: position of each key, -1 for padding
     q_pos: torch.Tensor  # int64 [B]
+    shared_rows: torch.Tensor | None = None  # int64 [n_shared]
+    _masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def own_mask(self, window: int) -> torch.Tensor:
+        """[B, 1, 1, Lmax] bool: own key visible to the query (causal, in window)."""
+        m = self._masks.get(window)
+        if m is None:
+            m = (self.key_pos >= 0) & (self.key_pos <= self.q_pos[:, None])
+            if window > 0:
+                m &= (self.q_pos[:, None] - self.key_pos) < window
+            m = m[:, None, None, :]
+            self._masks[window] = m
+        return m
+
+    def shared_bias(self, window: int) -> torch.Tensor | None:
+        """[B, n_shared] additive mask of the shared keys (only a window can hide them)."""
+        assert self.shared_rows is not None
+        if window <= 0:
+            return None
+        key = -1 - window
+        m = self._masks.get(key)
+        if m is None:
+            kpos = torch.arange(self.shared_rows.shape[0], device=self.q_pos.device)
+            visible = (self.q_pos[:, None] - kpos[None, :]) < window
+            m = torch.zeros(visible.shape, dtype=torch.float32, device=visible.device)
+            m.masked_fill_(~visible, float("-inf"))
+            self._masks[key] = m
+        return m
 
 
 @dataclass
@@ -38,21 +73,7 @@ class AttnMeta:
     write_rows: torch.Tensor  # int64 [T]: KV row each token's K/V is written to
     page_size: int
     prefill: list[PrefillSeq] = field(default_factory=list)
-    decode: DecodeGroup | None = None
-    _mask_cache: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    def decode_mask(self, window: int) -> torch.Tensor:
-        """[B, 1, 1, Lmax] bool: key visible to the decode query (causal, in window)."""
-        m = self._mask_cache.get(window)
-        if m is None:
-            assert self.decode is not None
-            d = self.decode
-            m = (d.key_pos >= 0) & (d.key_pos <= d.q_pos[:, None])
-            if window > 0:
-                m &= (d.q_pos[:, None] - d.key_pos) < window
-            m = m[:, None, None, :]
-            self._mask_cache[window] = m
-        return m
+    decode: list[DecodeGroup] = field(default_factory=list)
 
 
 _HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
@@ -127,21 +148,80 @@ def paged_attention(
         out[s.q_start : s.q_start + s.q_len] = _gqa_sdpa(
             qs, k_cache.index_select(0, rows), v_cache.index_select(0, rows), mask, scale
         )
-    d = meta.decode
-    if d is not None:
-        b, lmax = d.kv_rows.shape
-        _, h, hd = q.shape
-        hkv = k_cache.shape[1]
-        g = h // hkv
-        flat = d.kv_rows.reshape(-1)
-        k = k_cache.index_select(0, flat).view(b, lmax, hkv, hd).permute(0, 2, 1, 3)
-        v = v_cache.index_select(0, flat).view(b, lmax, hkv, hd).permute(0, 2, 1, 3)
-        qd = q.index_select(0, d.batch_idx).view(b, hkv, g, hd)
-        o = F.scaled_dot_product_attention(
-            qd, k.to(q.dtype), v.to(q.dtype), attn_mask=meta.decode_mask(window), scale=scale
-        )
-        out.index_copy_(0, d.batch_idx, o.reshape(b, h, hd))
+    for d in meta.decode:
+        if d.shared_rows is not None:
+            o = _cascade_decode(q, k_cache, v_cache, d, window, scale)
+        else:
+            o = _padded_decode(q, k_cache, v_cache, d, window, scale)
+        out.index_copy_(0, d.batch_idx, o)
     return out
+
+
+def _partial_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unnormalized softmax attention: (sum_j e^(s_j - m) v_j, m, sum_j e^(s_j - m)) with
+    s = q k^T * scale + bias; m is 0 where every key is masked (so the sums are 0)."""
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale)
+    if bias is not None:
+        s = s + bias
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    return torch.matmul(p, v), m, p.sum(-1, keepdim=True)
+
+
+def _gather(cache: torch.Tensor, d: DecodeGroup, dtype: torch.dtype) -> torch.Tensor:
+    """Own keys or values of a decode group: [B, Hkv, Lmax, D]."""
+    b, lmax = d.kv_rows.shape
+    x = cache.index_select(0, d.kv_rows.reshape(-1))
+    return x.view(b, lmax, cache.shape[1], cache.shape[2]).permute(0, 2, 1, 3).to(dtype)
+
+
+def _padded_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: DecodeGroup, window: int, scale: float
+) -> torch.Tensor:
+    b = d.kv_rows.shape[0]
+    _, h, hd = q.shape
+    hkv = k_cache.shape[1]
+    qd = q.index_select(0, d.batch_idx).view(b, hkv, h // hkv, hd)
+    k, v = _gather(k_cache, d, q.dtype), _gather(v_cache, d, q.dtype)
+    o = F.scaled_dot_product_attention(qd, k, v, attn_mask=d.own_mask(window), scale=scale)
+    return o.reshape(b, h, hd)
+
+
+def _cascade_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: DecodeGroup, window: int, scale: float
+) -> torch.Tensor:
+    """Decode attention with a shared prefix read once: softmax over the shared keys and over
+    each sequence's own keys separately, merged exactly with their log-sum-exp weights."""
+    assert d.shared_rows is not None
+    b = d.kv_rows.shape[0]
+    _, h, hd = q.shape
+    hkv = k_cache.shape[1]
+    g = h // hkv
+    qd = q.index_select(0, d.batch_idx).view(b, hkv, g, hd)
+    # Shared part: every query of every sequence against one copy of the prefix.
+    ks = k_cache.index_select(0, d.shared_rows).permute(1, 0, 2).to(q.dtype)  # [Hkv, Ls, D]
+    vs = v_cache.index_select(0, d.shared_rows).permute(1, 0, 2).to(q.dtype)
+    qs = qd.permute(1, 0, 2, 3).reshape(hkv, b * g, hd)
+    bias = d.shared_bias(window)
+    if bias is not None:
+        bias = bias.repeat_interleave(g, dim=0)  # [B*G, Ls], row = b * g + j
+    o1, m1, l1 = _partial_attention(qs, ks, vs, bias, scale)
+    o1, m1, l1 = (t.view(hkv, b, g, -1).permute(1, 0, 2, 3) for t in (o1, m1, l1))
+    # Own part: each sequence's keys after the shared prefix (its own token at least).
+    k, v = _gather(k_cache, d, q.dtype), _gather(v_cache, d, q.dtype)
+    mask = d.own_mask(window)
+    own = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    o2, m2, l2 = _partial_attention(qd, k, v, own, scale)
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    o = (o1 * w1 + o2 * w2) / (l1 * w1 + l2 * w2)
+    return o.reshape(b, h, hd)
+
+
+CASCADE_MIN_SHARED = 64  # shared positions below which one padded batch is cheaper
 
 
 def build_meta(
@@ -165,23 +245,22 @@ def build_meta(
         else:
             prefill.append(PrefillSeq(q, n, start, pt.to(device)))
         q += n
-    decode = None
-    if dec_idx:
-        lmax = max(length for _, length in dec_tables)
-        kv_rows = torch.zeros((len(dec_idx), lmax), dtype=torch.int64)
-        key_pos = torch.full((len(dec_idx), lmax), -1, dtype=torch.int64)
-        qpos = torch.empty(len(dec_idx), dtype=torch.int64)
-        for i, (table, length) in enumerate(dec_tables):
-            pos = torch.arange(length, dtype=torch.int64)
-            kv_rows[i, :length] = _rows(torch.as_tensor(table, dtype=torch.int64), pos, page_size)
-            key_pos[i, :length] = pos
-            qpos[i] = length - 1
-        decode = DecodeGroup(
-            torch.as_tensor(dec_idx, dtype=torch.int64, device=device),
-            kv_rows.to(device),
-            key_pos.to(device),
-            qpos.to(device),
-        )
+    groups: dict[int, list[int]] = {}  # first page -> members (in batch order)
+    for i, (table, _) in enumerate(dec_tables):
+        groups.setdefault(table[0] if table else -1, []).append(i)
+    decode: list[DecodeGroup] = []
+    plain: list[int] = []
+    for members in groups.values():
+        tables = [dec_tables[i] for i in members]
+        shared = _shared_pages(tables, page_size) * page_size if len(members) > 1 else 0
+        if shared >= CASCADE_MIN_SHARED:
+            decode.append(_decode_group([dec_idx[i] for i in members], tables, shared, page_size, device))
+        else:
+            plain.extend(members)
+    if plain:
+        plain.sort()
+        tables = [dec_tables[i] for i in plain]
+        decode.append(_decode_group([dec_idx[i] for i in plain], tables, 0, page_size, device))
     return AttnMeta(
         positions=torch.cat(positions).to(device),
         write_rows=torch.cat(writes).to(device),
@@ -189,3 +268,38 @@ def build_meta(
         prefill=prefill,
         decode=decode,
     )
+
+
+def _decode_group(
+    batch_idx: list[int], tables: list[tuple[list[int], int]], shared: int, page_size: int, device: torch.device
+) -> DecodeGroup:
+    lmax = max(length for _, length in tables) - shared
+    kv_rows = torch.zeros((len(tables), lmax), dtype=torch.int64)
+    key_pos = torch.full((len(tables), lmax), -1, dtype=torch.int64)
+    qpos = torch.empty(len(tables), dtype=torch.int64)
+    for i, (table, length) in enumerate(tables):
+        pos = torch.arange(shared, length, dtype=torch.int64)
+        kv_rows[i, : length - shared] = _rows(torch.as_tensor(table, dtype=torch.int64), pos, page_size)
+        key_pos[i, : length - shared] = pos
+        qpos[i] = length - 1
+    shared_rows = None
+    if shared:
+        table0 = torch.as_tensor(tables[0][0], dtype=torch.int64)
+        shared_rows = _rows(table0, torch.arange(shared, dtype=torch.int64), page_size).to(device)
+    return DecodeGroup(
+        torch.as_tensor(batch_idx, dtype=torch.int64, device=device),
+        kv_rows.to(device),
+        key_pos.to(device),
+        qpos.to(device),
+        shared_rows,
+    )
+
+
+def _shared_pages(tables: list[tuple[list[int], int]], page_size: int) -> int:
+    """Leading pages common to every table, leaving each sequence at least its own last key."""
+    n = min((length - 1) // page_size for _, length in tables)
+    first = tables[0][0]
+    for i in range(n):
+        if any(t[i] != first[i] for t, _ in tables[1:]):
+            return i
+    return n
