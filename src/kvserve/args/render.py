@@ -110,7 +110,7 @@ def _compat_row(spec: FlagSpec) -> str:
 
 _COMPAT_HEADER = f"""# kvserve command-line compatibility
 
-Generated from the flag table in `src/kvserve/args.py` by
+Generated from the flag table in `src/kvserve/args/table.py` by
 `python -m kvserve.args --write-compat docs/compat.md`; do not edit by hand.
 
 kvserve takes llama-server's ({COMPAT_BUILD}) flags, `LLAMA_ARG_*` environment variables and
