@@ -221,7 +221,7 @@ def measure(config: str, cmd: str, scenario: str, w: Workload, args: argparse.Na
 
 # -- report ---------------------------------------------------------------------------------------------
 def acceptance(outs: dict[tuple[str, str], Outcome]) -> list[tuple[str, bool | None, str]]:
-    """The lead's checks; None when the cells needed were not run."""
+    """The acceptance checks; None when the cells needed were not run."""
     checks: list[tuple[str, bool | None, str]] = []
     for sc in ("shared_prefix_burst", "seqshare", "multiturn"):
         o = outs.get(("default", sc))
