@@ -63,35 +63,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 
 # -- synthetic models ----------------------------------------------------------------------------
-_SYNTH_BYTE_VOCAB = synth._byte_vocab
-
-
-def _large_byte_vocab(n_vocab: int) -> tuple[list[str], list[str]]:
-    """GPT-2 byte symbols, then merges "a b" → "ab", "ab c" → "abc", "abc d" → "abcd" ... over
-    lowercase letters, generated in order until ``n_vocab - 1`` tokens, then ``<|endoftext|>``.
-    Every merge joins two existing tokens, so the vocabulary is a valid BPE of any size."""
-    small, _ = _SYNTH_BYTE_VOCAB(257)  # the 256 byte symbols (+ the end token, dropped)
-    tokens = small[:256]
-    merges: list[str] = []
-    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    level = [""]  # strings of the previous length; "" seeds single letters
-    while len(tokens) < n_vocab - 1:
-        nxt: list[str] = []
-        for stem in level:
-            for c in letters:
-                if len(tokens) >= n_vocab - 1:
-                    break
-                if stem == "":
-                    nxt.append(c)  # single letters are byte symbols already
-                    continue
-                tokens.append(stem + c)
-                merges.append(f"{stem} {c}")
-                nxt.append(stem + c)
-        level = nxt
-    tokens.append("<|endoftext|>")
-    return tokens, merges
-
-
 def synth_spec(shape: str, qtype: str) -> synth.SynthSpec:
     if shape in SHAPES:
         fields = dict(SHAPES[shape])
@@ -118,12 +89,7 @@ def synth_path(shape: str, qtype: str, directory: str) -> str:
     if os.path.exists(path) and os.path.getsize(path) > 0:
         return path
     t0 = time.perf_counter()
-    if spec.n_vocab > 900:  # synth's own vocabulary generator only reaches ~930 tokens
-        synth._byte_vocab = _large_byte_vocab  # type: ignore[assignment]
-    try:
-        synth.write_random_gguf(path + ".tmp", spec)
-    finally:
-        synth._byte_vocab = _SYNTH_BYTE_VOCAB  # type: ignore[assignment]
+    synth.write_random_gguf(path + ".tmp", spec)
     os.replace(path + ".tmp", path)
     print(f"wrote {path} ({os.path.getsize(path) / MIB:.0f} MiB) in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
