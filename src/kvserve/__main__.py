@@ -57,6 +57,7 @@ def build_engine(cfg: Config):
         slot_prompt_similarity=e.slot_prompt_similarity,
         n_predict=e.n_predict,
         cache_ram_mib=e.cache_ram_mib,
+        cache_idle_slots=e.cache_idle_slots,
         kv_dtype=DTYPES[e.cache_type_k],
         special=s.special,
         slot_save_path=s.slot_save_path,

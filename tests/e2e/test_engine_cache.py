@@ -174,3 +174,19 @@ def test_retained_pages_never_exceed_the_budget_under_churn(smollm, tok):
     assert 0 < peak <= limit
     assert eng.cache.stats().evictions > 0
     assert_idle(eng)
+
+
+def test_no_cache_idle_slots_keeps_kv_to_its_slot(smollm, tok):
+    """--no-cache-idle-slots: a finished request's KV is reused by its own slot only."""
+    eng = make_engine(smollm, n_slots=2, cache_idle_slots=False)
+    ids = tok.encode(TEXTS[0], add_special=True, parse_special=False)
+    _, a = submit(eng, ids, id_slot=0)
+    run(eng, [a])
+    _, other = submit(eng, ids, id_slot=1)
+    run(eng, [other])
+    _, same = submit(eng, ids, id_slot=0)
+    run(eng, [same])
+    assert other.final.n_cached == 0
+    assert same.final.n_cached == len(ids) - 1
+    assert a.final.content == other.final.content == same.final.content
+    assert_idle(eng)

@@ -125,9 +125,9 @@ def test_embedding_forces_batch_to_ubatch() -> None:
 def test_cache_idle_slots_needs_cache_ram() -> None:
     c, warnings = cfg("-cram", "0")
     assert c.engine.cache_idle_slots is False and any("--cache-idle-slots" in w for w in warnings)
-    # Idle slots always hand their KV to the shared cache: turning that off is refused.
-    with pytest.raises(ConfigError, match="--no-cache-idle-slots is not supported|cache-idle-slots"):
-        cfg("-cram", "0", "--no-cache-idle-slots")
+    c, warnings = cfg("-cram", "0", "--no-cache-idle-slots")
+    assert c.engine.cache_idle_slots is False and warnings == []
+    assert cfg("--no-cache-idle-slots")[0].engine.cache_idle_slots is False
 
 
 # --- api keys ----------------------------------------------------------------------------------

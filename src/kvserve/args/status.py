@@ -84,8 +84,6 @@ REFUSED: dict[str, str] = {
     "backend_sampling": "sampling always runs in the engine; there is no separate backend sampler",
     "adaptive_target": "the adaptive-p sampler is not implemented",
     "adaptive_decay": "the adaptive-p sampler is not implemented",
-    "cache_idle_slots": "idle slots hold no KV of their own: finished requests always hand their KV "
-    "to the shared prefix cache (bounded by --cache-ram)",
     "flash_attn": "the attention backend is chosen by the device (torch SDPA on CPU)",
     "threads_batch": "one torch thread pool serves prompt and generation; use -t",
     "threads_http": "HTTP is served by one asyncio event loop, not a thread pool",

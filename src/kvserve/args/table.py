@@ -171,7 +171,9 @@ _ROWS: tuple[FlagSpec, ...] = (
       "prefix reuse off entirely, also within a slot; shown in /metrics and /props"),
     F("--cache-idle-slots", "cache_idle_slots", B, True, "save idle slots to the prompt cache",
       neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
-      notes="disabled with a warning when --cache-ram is 0"),
+      notes="on: a finished request's KV goes to the prefix cache shared by every slot. off: it stays "
+      "reusable only by the slot that computed it (llama-server's per-slot reuse). Disabled with a "
+      "warning when --cache-ram is 0"),
     F("-ctxcp --ctx-checkpoints --swa-checkpoints", "ctx_checkpoints", I, 32,
       "max context checkpoints per slot", env="LLAMA_ARG_CTX_CHECKPOINTS"),
     F("-cms --checkpoint-min-step", "checkpoint_min_step", I, 8192, "min token spacing between checkpoints",

@@ -45,6 +45,7 @@ class EngineOptions:
     n_predict: int = -1
     page_size: int = 16
     cache_ram_mib: int = 8192  # -1 unlimited, 0 none
+    cache_idle_slots: bool = True  # False: KV is reused only by the slot that computed it
     kv_dtype: torch.dtype | None = None
     special: bool = False
     check_integrity: bool = False  # run the cache invariants after every step (tests)
@@ -93,6 +94,7 @@ class Engine:
                 page_size=ps,
                 special=opts.special,
                 model_key=model_key,
+                share_across_slots=opts.cache_idle_slots,
             ),
             self.cache,
             tokenizer,

@@ -20,7 +20,7 @@ import torch
 from ..cache.page_pool import OutOfPages
 from .output import TextOutput, token_prob
 from .plan import Plan, RunOutput, SeqChunk
-from .request import Emit, ErrorEvent, FinalEvent, GenerationRequest, TokenEvent
+from .request import CacheIdentity, Emit, ErrorEvent, FinalEvent, GenerationRequest, TokenEvent
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
 from .stats import EngineStats
@@ -40,6 +40,7 @@ class SchedulerConfig:
     page_size: int = 16
     special: bool = False  # render special tokens in output text (-sp)
     model_key: str = ""  # model part of the cache identity
+    share_across_slots: bool = True  # --cache-idle-slots; False keeps each slot's KV to itself
 
 
 def exceed_context(n_prompt: int, n_ctx: int) -> tuple[int, str, str, dict[str, Any]]:
@@ -175,7 +176,7 @@ class Scheduler:
 
     def _launch(self, req: GenerationRequest, emit: Emit, slot: Slot) -> None:
         params = req.params
-        ns = (self.cfg.model_key,) + tuple(req.identity.key()[1:])
+        ns = self.namespace(req.identity, slot.id)
         sampler = self.sampling.make(params.sampling, list(req.prompt_tokens))
         seq = Sequence(
             req=req,
@@ -193,6 +194,16 @@ class Scheduler:
         slot.params = params.sampling.to_json(metrics_only=True) if params.sampling is not None else {}
         self.running[req.id] = seq
         self._try_begin(seq)
+
+    def identity_key(self, identity: CacheIdentity) -> tuple[Any, ...]:
+        """The cache identity: this engine's model key plus the request's tenant/adapters/media."""
+        return (self.cfg.model_key,) + tuple(identity.key()[1:])
+
+    def namespace(self, identity: CacheIdentity, slot_id: int) -> tuple[Any, ...]:
+        """Where a request's KV is looked up and donated: its identity, and its slot too when
+        KV is not shared across slots (--no-cache-idle-slots)."""
+        ns = self.identity_key(identity)
+        return ns if self.cfg.share_across_slots else ns + (("slot", slot_id),)
 
     def _try_begin(self, seq: Sequence) -> None:
         """Look up the cache; first wait while an earlier running request is computing a

@@ -14,19 +14,25 @@ from typing import Any
 import torch
 
 from ..server.engine_api import EngineError
+from .request import CacheIdentity
 
 MAGIC = "kvserve-slot"
 VERSION = 1
 
 
-def _namespace(engine: Any, tenant: str) -> tuple[Any, ...]:
-    return (engine.scheduler.cfg.model_key, tenant, (), "")
+def _identity(engine: Any, tenant: str) -> tuple[Any, ...]:
+    """What a slot file must match to be restored: model, KV and context settings, tenant."""
+    return engine.scheduler.identity_key(CacheIdentity(tenant=tenant))
+
+
+def _namespace(engine: Any, tenant: str, slot_id: int) -> tuple[Any, ...]:
+    return engine.scheduler.namespace(CacheIdentity(tenant=tenant), slot_id)
 
 
 def save(engine: Any, slot_id: int, path: str, tenant: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     slot = engine.scheduler.slots[slot_id]
-    ns = _namespace(engine, tenant)
+    ns = _namespace(engine, tenant, slot_id)
     tokens = list(slot.prompt_tokens)
     m = engine.cache.index.lookup(ns, tokens, touch=False) if tokens else None
     n = m.n_hit if m is not None else 0
@@ -36,7 +42,7 @@ def save(engine: Any, slot_id: int, path: str, tenant: str) -> dict[str, Any]:
     blob = {
         "magic": MAGIC,
         "version": VERSION,
-        "identity": list(ns),
+        "identity": list(_identity(engine, tenant)),
         "tokens": tokens[:n],
         "k": kv.k[:, rows].cpu(),
         "v": kv.v[:, rows].cpu(),
@@ -61,8 +67,7 @@ def restore(engine: Any, slot_id: int, path: str, tenant: str) -> dict[str, Any]
         raise EngineError(f"Unable to restore slot: invalid slot save file ({type(e).__name__})", 400) from e
     if not isinstance(blob, dict) or blob.get("magic") != MAGIC or blob.get("version") != VERSION:
         raise EngineError("Unable to restore slot: invalid slot save file", 400)
-    ns = _namespace(engine, tenant)
-    if tuple(blob["identity"]) != ns:
+    if tuple(blob["identity"]) != _identity(engine, tenant):
         raise EngineError(
             "Unable to restore slot: the file was saved for another model, cache settings or API key", 400
         )
@@ -75,7 +80,7 @@ def restore(engine: Any, slot_id: int, path: str, tenant: str) -> dict[str, Any]
     kv = engine.runner.kv
     cache = engine.cache
     seq_id = -1_000_000 - slot_id  # never collides with request ids (positive)
-    cache.begin(seq_id, ns, tokens, use_cache=False)
+    cache.begin(seq_id, _namespace(engine, tenant, slot_id), tokens, use_cache=False)
     try:
         if n:
             table = cache.reserve(seq_id, n)
