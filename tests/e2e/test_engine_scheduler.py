@@ -251,3 +251,18 @@ def test_embeddings_pool_hidden_states(smollm, tok):
 
     assert torch.allclose(torch.tensor(per_token).mean(0), torch.tensor(mean[0]), atol=1e-5)
     assert_idle(eng)  # the temporary pages were returned
+
+
+def test_n_indent_stops_at_a_less_indented_line(tok):
+    from kvserve.engine.output import TextOutput
+
+    out = TextOutput(tok, [], special=False, n_indent=4)
+    text = "    return a + b\n    # done\nprint(add(1, 2))\n"
+    released, hit = "", None
+    for t in tok.encode(text, add_special=False, parse_special=False):
+        piece, hit = out.push_token(t, is_eog=False)
+        released += piece
+        if hit is not None:
+            break
+    assert hit is not None and hit.kind == "indent"
+    assert released + out.flush(True) == "    return a + b\n    # done\n"

@@ -6,24 +6,24 @@ from __future__ import annotations
 from typing import Any
 
 from .request import TokenProb
-from .stop import TextStreamer
+from .stop import StopHit, TextStreamer
 
 LOWEST_LOGPROB = -3.4028234663852886e38  # llama-server writes log(0) as the lowest float
 
 
 class TextOutput:
-    def __init__(self, tokenizer: Any, stops: list[str], special: bool) -> None:
+    def __init__(self, tokenizer: Any, stops: list[str], special: bool, n_indent: int = 0) -> None:
         self._dec = tokenizer.stream_decoder(special=special)
-        self._stream = TextStreamer(stops)
+        self._stream = TextStreamer(stops, n_indent=n_indent)
         self._special = special
 
-    def push_token(self, token: int, is_eog: bool) -> tuple[str, str | None]:
-        """(text released now, stopping word or None). An end-of-generation token adds no text
-        unless special tokens are rendered."""
+    def push_token(self, token: int, is_eog: bool) -> tuple[str, StopHit | None]:
+        """(text released now, the stop that ended the text or None: a stop word, or a new line
+        indented less than ``n_indent``). An end-of-generation token adds no text unless special
+        tokens are rendered."""
         if is_eog and not self._special:
             return "", None
-        text, hit = self._stream.push(self._dec.feed(token))
-        return text, (hit.word if hit is not None else None)
+        return self._stream.push(self._dec.feed(token))
 
     def flush(self, stopped_by_word: bool) -> str:
         """Text still held at the end (nothing after a stop word)."""

@@ -184,7 +184,7 @@ class Scheduler:
             slot_id=slot.id,
             namespace=ns,
             sampler=sampler,
-            streamer=TextOutput(self.tok, params.stop, self.cfg.special),
+            streamer=TextOutput(self.tok, params.stop, self.cfg.special, params.n_indent),
             tokens=list(req.prompt_tokens),
             n_prompt=len(req.prompt_tokens),
             state=SeqState.WAIT_SHARED,
@@ -300,8 +300,10 @@ class Scheduler:
         n_predict = p.n_predict if p.n_predict != -1 else self.cfg.n_predict
         if is_eog:
             seq.stop_type = "eos"
-        elif hit is not None:
-            seq.stop_type, seq.stopping_word = "word", hit
+        elif hit is not None and hit.kind == "word":
+            seq.stop_type, seq.stopping_word = "word", hit.word
+        elif hit is not None:  # n_indent: llama-server reports it as a limit
+            seq.stop_type = "limit"
         elif n_predict >= 0 and seq.n_decoded >= max(1, n_predict):
             seq.stop_type = "limit"
         elif not self.cfg.context_shift and len(seq.tokens) >= self.cfg.n_ctx_slot:
@@ -314,7 +316,7 @@ class Scheduler:
             seq.stop_type = "limit"
         done = seq.stop_type != "none"
         if done:
-            text += seq.streamer.flush(seq.stop_type == "word")
+            text += seq.streamer.flush(hit is not None)
         seq.content.append(text)
         if p.stream and (text or probs or (first and p.return_progress)):
             seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs))
