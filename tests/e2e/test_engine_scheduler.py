@@ -266,3 +266,18 @@ def test_n_indent_stops_at_a_less_indented_line(tok):
             break
     assert hit is not None and hit.kind == "indent"
     assert released + out.flush(True) == "    return a + b\n    # done\n"
+
+
+def test_progress_events_and_timings_per_token(smollm, tok):
+    from kvserve.engine.request import ProgressEvent
+
+    eng = make_engine(smollm, n_slots=1, n_batch=64)
+    ids = _ids(tok, TEXTS[0])
+    _, col = submit(eng, ids, n_predict=3, stream=True, return_progress=True, timings_per_token=True)
+    run(eng, [col])
+    progress = [e for e in col.events if isinstance(e, ProgressEvent)]
+    assert progress[0].processed == 0 and progress[-1].processed == len(ids)
+    assert len(progress) == 1 + -(-len(ids) // 64)  # the 0% event, then one per prompt chunk
+    toks = [e for e in col.events if isinstance(e, TokenEvent)]
+    assert toks and all(e.timings is not None and e.timings["prompt_n"] == len(ids) for e in toks)
+    assert [e.timings["predicted_n"] for e in toks] == list(range(1, len(toks) + 1))

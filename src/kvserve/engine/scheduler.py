@@ -20,10 +20,10 @@ import torch
 from ..cache.page_pool import OutOfPages
 from .output import TextOutput, token_prob
 from .plan import Plan, RunOutput, SeqChunk
-from .request import CacheIdentity, Emit, ErrorEvent, FinalEvent, GenerationRequest, TokenEvent
+from .request import CacheIdentity, Emit, ErrorEvent, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
-from .stats import EngineStats
+from .stats import EngineStats, timings
 
 log = logging.getLogger("kvserve.engine")
 
@@ -228,11 +228,19 @@ class Scheduler:
         seq.state = SeqState.PREFILL
         slot = self.slots[seq.slot_id]
         slot.n_prompt_cache = adm.n_cached
+        self._progress(seq, time.perf_counter())  # the 0% event
         log.info(
             "task %d: slot %d, prompt %d tokens, cached %d (prefix %d, shift %d), lookup stopped at %d: %s",
             seq.id, seq.slot_id, seq.n_prompt, adm.n_cached, adm.n_reused_prefix, adm.n_reused_shift,
             adm.n_hit, adm.stop_reason,
         )
+
+    def _progress(self, seq: Sequence, now: float) -> None:
+        """Prompt-progress event of a streaming request that asked for them (return_progress)."""
+        p = seq.req.params
+        if p.stream and p.return_progress:
+            ms = (now - seq.t_prompt_start) * 1000.0 if seq.t_prompt_start else 0.0
+            seq.emit(ProgressEvent(seq.id, seq.req.index, seq.n_prompt, seq.n_cached, seq.n_computed, ms))
 
     def _context_shift(self, seq: Sequence) -> None:
         n_ctx = self.cfg.n_ctx_slot
@@ -266,6 +274,7 @@ class Scheduler:
             seq.n_computed += n
             if seq.state is SeqState.PREFILL:
                 seq.n_evaluated_prompt += n
+                self._progress(seq, now)
                 if seq.n_computed >= seq.n_prompt_total:
                     seq.t_prompt_end = now
                     to_sample.append((seq, out.logits[seq.id][-1]))
@@ -319,7 +328,10 @@ class Scheduler:
             text += seq.streamer.flush(hit is not None)
         seq.content.append(text)
         if p.stream and (text or probs or (first and p.return_progress)):
-            seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs))
+            tim = None
+            if p.timings_per_token:
+                tim = timings(seq.n_prompt, seq.n_cached, seq.n_decoded, seq.prompt_ms(), seq.predicted_ms())
+            seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim))
         slot = self.slots[seq.slot_id]
         slot.next_token = {
             "has_next_token": not done,

@@ -6,6 +6,25 @@ import time
 from dataclasses import dataclass, field
 
 
+def timings(n_prompt: int, n_cached: int, n_decoded: int, prompt_ms: float, predicted_ms: float) -> dict[str, float]:
+    """llama-server's ``timings``: ``cache_n`` reused, ``prompt_n`` evaluated, rates over
+    ``predicted_n - 1`` decode steps (the first token comes from the prompt's logits); 0
+    wherever a divisor is 0."""
+    prompt_n = max(0, n_prompt - n_cached)
+    pred_steps = max(0, n_decoded - 1)
+    return {
+        "cache_n": n_cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_n and prompt_ms > 0 else 0.0,
+        "predicted_n": n_decoded,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / pred_steps if pred_steps else 0.0,
+        "predicted_per_second": 1e3 * pred_steps / predicted_ms if pred_steps and predicted_ms > 0 else 0.0,
+    }
+
+
 @dataclass
 class EngineStats:
     prompt_tokens_total: int = 0

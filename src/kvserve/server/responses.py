@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.engine.request import FinalEvent, TokenProb
+from kvserve.engine.stats import timings as engine_timings
 from kvserve.server.gensettings import generation_settings
 from kvserve.server.params import CompletionParams
 
@@ -49,21 +50,7 @@ class ResponseContext:
 
 
 def timings(ev: FinalEvent) -> dict[str, Any]:
-    """``cache_n`` reused, ``prompt_n`` evaluated, rates over ``predicted_n - 1`` decode steps
-    (the first token comes from the prompt's logits); 0 wherever a divisor is 0."""
-    prompt_n = max(0, ev.n_prompt - ev.n_cached)
-    pred_steps = max(0, ev.n_decoded - 1)
-    return {
-        "cache_n": ev.n_cached,
-        "prompt_n": prompt_n,
-        "prompt_ms": ev.prompt_ms,
-        "prompt_per_token_ms": ev.prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": 1e3 * prompt_n / ev.prompt_ms if prompt_n and ev.prompt_ms > 0 else 0.0,
-        "predicted_n": ev.n_decoded,
-        "predicted_ms": ev.predicted_ms,
-        "predicted_per_token_ms": ev.predicted_ms / pred_steps if pred_steps else 0.0,
-        "predicted_per_second": 1e3 * pred_steps / ev.predicted_ms if pred_steps and ev.predicted_ms > 0 else 0.0,
-    }
+    return engine_timings(ev.n_prompt, ev.n_cached, ev.n_decoded, ev.prompt_ms, ev.predicted_ms)
 
 
 def usage(n_prompt: int, n_decoded: int, n_cached: int) -> dict[str, Any]:
