@@ -162,6 +162,10 @@ def test_stop_string_spanning_tokens(smollm, tok):
     assert s.final.stop_type == "word" and s.final.stopping_word == stop
     assert s.final.content == text[: text.index(stop)]
     assert s.streamed == s.final.content  # the stop string never went out in the stream
+    _, w = submit(eng, prompt, n_predict=12, stop=[stop], n_probs=2)
+    run(eng, [w])
+    n_stop = len(tok.encode(stop, add_special=False, parse_special=False))
+    assert len(w.final.probs) == max(0, w.final.n_decoded - n_stop)  # stop-word tokens trimmed
     assert_idle(eng)
 
 

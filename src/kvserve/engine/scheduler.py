@@ -369,7 +369,7 @@ class Scheduler:
             tokens_cached=seq.n_computed,
             prompt_ms=seq.prompt_ms(),
             predicted_ms=seq.predicted_ms(),
-            probs=list(seq.probs),
+            probs=self._final_probs(seq),
             has_new_line="\n" in "".join(seq.content),
         )
         log.info(
@@ -379,6 +379,15 @@ class Scheduler:
         )
         self._release(seq)
         seq.emit(ev)
+
+    def _final_probs(self, seq: Sequence) -> list[Any]:
+        """llama-server drops the probabilities of a stop word's tokens from the final list
+        (as many entries as the stop word has tokens)."""
+        probs = list(seq.probs)
+        if seq.stop_type == "word" and probs:
+            n = len(self.tok.encode(seq.stopping_word, add_special=False, parse_special=False))
+            probs = probs[: max(0, len(probs) - n)]
+        return probs
 
     def _fail(self, seq: Sequence, code: int, message: str, typ: str) -> None:
         log.warning("task %d: %s", seq.id, message)
