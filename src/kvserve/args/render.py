@@ -158,6 +158,14 @@ def render_compat() -> str:
         out.extend(_compat_row(s) + "\n" for s in FLAGS if s.group == group)
     refused = sorted({long_name(s) for s in FLAGS if s.status == REFUSED_STATUS})
     out.append(f"\n## Refused flags ({len(refused)})\n\n" + ", ".join(f"`{n}`" for n in refused) + "\n")
+    from kvserve.server.unsupported import REFUSED_FIELDS  # the HTTP layer owns the field rules
+
+    out.append(
+        "\n## Request fields refused with 400\n\nEvery other request field of llama-server is "
+        "implemented (or ignored by llama-server itself). These are answered with a 400 "
+        "`invalid_request_error` naming the field:\n\n| field | reason (when) |\n| --- | --- |\n"
+    )
+    out.extend(f"| `{name}` | {why} |\n" for name, why in REFUSED_FIELDS)
     return "".join(out)
 
 

@@ -29,6 +29,22 @@ _REFUSED: dict[str, str] = {
 }
 
 
+# For docs/compat.md: every request field refused with a 400, and when.
+REFUSED_FIELDS: list[tuple[str, str]] = [(k, f"{why} (any non-empty value)") for k, why in _REFUSED.items()] + [
+    ("grammar_lazy", "lazy grammars are not implemented (true)"),
+    ("reasoning_budget_tokens, thinking_budget_tokens", "reasoning budgets are not implemented (other than -1)"),
+    ("echo", "echoing the prompt is not implemented (true)"),
+    ("best_of", "use 'n' for several completions (> 1)"),
+    ("suffix", "use /infill for fill-in-the-middle (non-empty)"),
+    ("modalities", "audio output is not implemented (contains \"audio\")"),
+    ("tools", "tool calling is not implemented (non-empty, chat)"),
+    ("tool_choice", "tool calling is not implemented (other than auto/none, chat)"),
+    ("audio", "audio output is not implemented (chat)"),
+    ("messages[].content[].type", "multimodal input is not implemented (image_url, input_audio, input_video, "
+     "audio_url, video_url parts)"),
+]
+
+
 def check_completion(body: dict[str, Any]) -> None:
     for name, why in _REFUSED.items():
         if _truthy(body.get(name)):
