@@ -5,12 +5,25 @@ Models are loaded once per test session; tests must not modify them.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from kvserve.model.files import default_model_path, gemma3_270m_path
+from kvserve.model.gguf_meta import read_metadata_file
+
+# Outputs recorded from the real llama-server: ``shared/`` lies beside the checkout (CI lays a
+# copy there too).
+_ROOT = Path(__file__).resolve().parents[1]
+GOLDEN_DIR = next(
+    (p for p in (_ROOT.parent / "shared" / "golden", _ROOT / "shared" / "golden") if p.is_dir()),
+    _ROOT.parent / "shared" / "golden",
+)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -67,3 +80,28 @@ def gemma(gemma_path: str):
     from kvserve.model.loader import load_gguf
 
     return load_gguf(gemma_path)
+
+
+def _cached_tokenizer_meta(cache: pytest.Cache, path: str) -> dict[str, Any]:
+    """The ``tokenizer.*``/``general.*`` metadata of a GGUF, kept in the pytest cache (reading the
+    Gemma vocabulary takes ~10 s)."""
+    with open(path, "rb") as f:
+        key = hashlib.sha256(f.read(16 << 20)).hexdigest()[:24]
+    cached = cache.mkdir("kvserve-tokenizer-meta") / f"{key}.pkl"
+    if cached.exists():
+        return pickle.loads(cached.read_bytes())
+    meta = {k: v for k, v in read_metadata_file(path).items() if k.startswith(("tokenizer.", "general."))}
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(meta))
+    tmp.replace(cached)
+    return meta
+
+
+@pytest.fixture(scope="session")
+def smollm_meta(request: pytest.FixtureRequest, smollm_path: str) -> dict[str, Any]:
+    return _cached_tokenizer_meta(request.config.cache, smollm_path)
+
+
+@pytest.fixture(scope="session")
+def gemma_meta(request: pytest.FixtureRequest, gemma_path: str) -> dict[str, Any]:
+    return _cached_tokenizer_meta(request.config.cache, gemma_path)

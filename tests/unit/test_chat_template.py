@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import pickle
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,36 +15,12 @@ from kvserve.model.chat_template import (
     MessageFormatError,
     validate_messages,
 )
-from kvserve.model.files import default_model_path, gemma3_270m_path
-from kvserve.model.gguf_meta import read_metadata_file
 
-GOLDEN = Path("/work/shared/golden")
+from ..conftest import GOLDEN_DIR
 
-
-def _cached_tokenizer_meta(cache: pytest.Cache, path: str) -> dict[str, Any]:
-    """The ``tokenizer.*``/``general.*`` metadata of a GGUF, kept in the pytest cache (reading the
-    Gemma vocabulary takes ~10 s)."""
-    with open(path, "rb") as f:
-        key = hashlib.sha256(f.read(16 << 20)).hexdigest()[:24]
-    cached = cache.mkdir("kvserve-tokenizer-meta") / f"{key}.pkl"
-    if cached.exists():
-        return pickle.loads(cached.read_bytes())
-    meta = {k: v for k, v in read_metadata_file(path).items() if k.startswith(("tokenizer.", "general."))}
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_bytes(pickle.dumps(meta))
-    tmp.replace(cached)
-    return meta
+GOLDEN = GOLDEN_DIR
 
 
-@pytest.fixture(scope="session")
-def smollm_meta(request: pytest.FixtureRequest) -> dict[str, Any]:
-    return _cached_tokenizer_meta(request.config.cache, default_model_path())
-
-
-@pytest.fixture(scope="session")
-def gemma_meta(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    path = gemma3_270m_path(str(tmp_path_factory.mktemp("gemma3")))
-    return _cached_tokenizer_meta(request.config.cache, path)
 
 
 def _meta(request: pytest.FixtureRequest, model: str) -> dict[str, Any]:

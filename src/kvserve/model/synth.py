@@ -13,6 +13,8 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 
+from .tokenizer import _bytes_to_unicode
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -34,17 +36,7 @@ class SynthSpec:
 
 def _byte_vocab(n_vocab: int) -> tuple[list[str], list[str]]:
     """GPT-2 byte-level tokens: 256 byte symbols, then merges of pairs until n_vocab."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
-    )
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    symbols = [chr(c) for c in cs]
+    symbols = list(_bytes_to_unicode().values())
     tokens = list(symbols)
     merges: list[str] = []
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
