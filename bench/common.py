@@ -474,6 +474,11 @@ async def stream_completion(client: Any, url: str, body: dict[str, Any]) -> ReqR
                 parts.append(obj.get("content", ""))
     except Exception as e:  # noqa: BLE001 - reported per request
         res.error = f"{type(e).__name__}: {e}"[:200]
+    return _finished(res, chunks, parts)
+
+
+def _finished(res: ReqResult, chunks: int, parts: list[str]) -> ReqResult:
+    """Close a streamed result: end time, token count from chunks if the server sent none."""
     if res.t_done is None and res.error is None:
         res.t_done = time.monotonic()
     if res.n_gen == 0:
@@ -517,9 +522,4 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any]) -> ReqResult:
                 _take_timings(res, obj)
     except Exception as e:  # noqa: BLE001 - reported per request
         res.error = f"{type(e).__name__}: {e}"[:200]
-    if res.t_done is None and res.error is None:
-        res.t_done = time.monotonic()
-    if res.n_gen == 0:
-        res.n_gen = chunks
-    res.text = "".join(parts)
-    return res
+    return _finished(res, chunks, parts)

@@ -144,20 +144,8 @@ def project_fields(obj: dict[str, Any], paths: list[str]) -> dict[str, Any]:
 def oai_completion(ev: FinalEvent, ctx: ResponseContext) -> dict[str, Any]:
     req = ctx.params.child(ev.index % max(1, ctx.params.n_cmpl))
     logprobs = ({"content": probs_json(ev.probs, req.post_sampling_probs)} if req.n_probs > 0 else None)
-    out: dict[str, Any] = {
-        "choices": [{"text": ev.content, "index": ev.index, "logprobs": logprobs,
-                     "finish_reason": finish_reason(ev.stop_type)}],
-        "created": ctx.created,
-        "model": ctx.model,
-        "system_fingerprint": ctx.build_info,
-        "object": "text_completion",
-        "usage": usage(ev.n_prompt, ev.n_decoded, ev.n_cached),
-        "id": ctx.id,
-        "timings": timings(ev),
-    }
-    if ctx.params.verbose:
-        out["__verbose"] = native_final(ev, ctx, stream=False)
-    return out
+    choice = {"text": ev.content, "index": ev.index, "logprobs": logprobs, "finish_reason": finish_reason(ev.stop_type)}
+    return _oai_final(ev, ctx, choice, "text_completion")
 
 
 def oai_chat(ev: FinalEvent, ctx: ResponseContext) -> dict[str, Any]:
@@ -166,12 +154,17 @@ def oai_chat(ev: FinalEvent, ctx: ResponseContext) -> dict[str, Any]:
                               "message": {"role": "assistant", "content": ev.content}}
     if req.n_probs > 0:
         choice["logprobs"] = {"content": probs_json(ev.probs, req.post_sampling_probs)}
+    return _oai_final(ev, ctx, choice, "chat.completion")
+
+
+def _oai_final(ev: FinalEvent, ctx: ResponseContext, choice: dict[str, Any], obj: str) -> dict[str, Any]:
+    """The OpenAI final object around one choice (llama-server's key order)."""
     out: dict[str, Any] = {
         "choices": [choice],
         "created": ctx.created,
         "model": ctx.model,
         "system_fingerprint": ctx.build_info,
-        "object": "chat.completion",
+        "object": obj,
         "usage": usage(ev.n_prompt, ev.n_decoded, ev.n_cached),
         "id": ctx.id,
         "timings": timings(ev),
