@@ -17,13 +17,8 @@ import torch
 from kvserve.model.files import default_model_path, gemma3_270m_path
 from kvserve.model.gguf_meta import read_metadata_file
 
-# Outputs recorded from the real llama-server: ``shared/`` lies beside the checkout (CI lays a
-# copy there too).
-_ROOT = Path(__file__).resolve().parents[1]
-GOLDEN_DIR = next(
-    (p for p in (_ROOT.parent / "shared" / "golden", _ROOT / "shared" / "golden") if p.is_dir()),
-    _ROOT.parent / "shared" / "golden",
-)
+# Outputs recorded from the real llama-server (see tests/golden/README.md).
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

@@ -1,20 +1,17 @@
-"""Every body recorded from the real llama-server (shared/golden/responses-smollm2.json) has
+"""Every body recorded from the real llama-server (tests/golden/responses-smollm2.json) has
 the same keys and value types in ours; model-dependent values may differ."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.compat.test_http_fake_engine import client, sse_events
+from tests.conftest import GOLDEN_DIR
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "golden" / "responses-smollm2.json"
-if not GOLDEN.exists():  # CI lays shared/ beside the clone
-    GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden" / "responses-smollm2.json"
-pytestmark = pytest.mark.skipif(not GOLDEN.exists(), reason="golden responses not available")
+GOLDEN = GOLDEN_DIR / "responses-smollm2.json"
 
 
 def golden() -> dict[str, Any]:
@@ -52,7 +49,7 @@ def http():  # type: ignore[no-untyped-def]
         yield c, eng
 
 
-G = golden() if GOLDEN.exists() else {}
+G = golden()
 
 CASES: list[tuple[str, str, str, Any]] = [
     ("GET /health", "GET", "/health", None),

@@ -13,7 +13,7 @@ import pytest
 from .live import start_server
 from .test_http_golden import CASES, GOLDEN, same_shape
 
-pytestmark = [pytest.mark.skipif(not GOLDEN.exists(), reason="golden responses not available"), pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 # Cases whose request depends on the context size of the fake engine used in test_http_golden.
 REQUEST_OVERRIDES = {"ERR prompt exceeds context": {"prompt": "word " * 5000}}
