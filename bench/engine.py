@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ from common import (  # noqa: E402
     reset_peak_rss,
     rss_bytes,
 )
+
+from step_profile import print_profiles, profile_step  # noqa: E402
 
 from kvserve.engine.plan import KVMove, Plan, SeqChunk  # noqa: E402
 from kvserve.model import synth  # noqa: E402
@@ -145,8 +148,7 @@ class Bench:
         self.runner.run(plan)
 
     def prefill(self, n: int) -> float:
-        table = tuple(range(self.p_pages))
-        plan = Plan((SeqChunk(0, tuple(self.ids[:n]), 0, table, "last"),))
+        plan = self.prefill_plan(n)
         self._run(plan)  # warm-up (allocator, kernels)
         sync(self.device)
         times = []
@@ -157,8 +159,13 @@ class Bench:
             times.append(time.perf_counter() - t0)
         return n / statistics.median(times)
 
-    def decode(self, batch: int) -> float:
-        ctx, ps = self.args.ctx, self.ps
+    def prefill_plan(self, n: int) -> Plan:
+        return Plan((SeqChunk(0, tuple(self.ids[:n]), 0, tuple(range(self.p_pages)), "last"),))
+
+    def decode_setup(self, batch: int) -> Callable[[], None]:
+        """Give ``batch`` sequences their own copy of the ``--ctx`` context; returns one decode step
+        (each call advances every sequence by one token)."""
+        ctx = self.args.ctx
         base = self.p_pages
         ctx_table = tuple(range(base, base + self.c_pages))
         if not getattr(self, "_ctx_done", False):
@@ -169,21 +176,25 @@ class Bench:
         # Each sequence gets its own copy of the context (plain copies, delta 0).
         self._run(Plan((), tuple(KVMove(ctx_table, 0, t, 0, ctx) for t in tables)))
         tok = self.ids[:batch]
+        pos = [ctx]
+        limit = len(tables[0]) * self.ps
 
-        def step(pos: int) -> None:
-            self._run(Plan(tuple(SeqChunk(b, (tok[b],), pos, tables[b], "last") for b in range(batch))))
+        def step() -> None:
+            assert pos[0] < limit, "decode ran past the pages reserved for it"
+            self._run(Plan(tuple(SeqChunk(b, (tok[b],), pos[0], tables[b], "last") for b in range(batch))))
+            pos[0] += 1
 
-        pos = ctx
+        return step
+
+    def decode(self, batch: int) -> float:
+        step = self.decode_setup(batch)
         for _ in range(self.args.warmup_steps):
-            step(pos)
-            pos += 1
+            step()
         sync(self.device)
         t0 = time.perf_counter()
         for _ in range(self.args.steps):
-            step(pos)
-            pos += 1
+            step()
         sync(self.device)
-        assert pos <= len(tables[0]) * ps
         return batch * self.args.steps / (time.perf_counter() - t0)
 
 
@@ -220,6 +231,24 @@ def bench_model(name: str, path: str, args: argparse.Namespace) -> ModelResult:
     )
     del b, loaded
     return res
+
+
+def profile_model(name: str, path: str, args: argparse.Namespace) -> None:
+    device = torch.device(args.device)
+    loaded = load_gguf(path, dtype=DTYPES[args.dtype], device=device)
+    b = Bench(loaded, args)
+    profiles = []
+    for n in args.prefill:
+        plan = b.prefill_plan(n)
+        b._run(plan)  # warm-up
+        profiles.append(profile_step(f"prefill {n}", lambda: b._run(plan), args.reps, device))
+    for bs in args.batches:
+        step = b.decode_setup(bs)
+        for _ in range(args.warmup_steps):
+            step()
+        profiles.append(profile_step(f"decode b{bs} @ctx {args.ctx}", step, args.steps // 2, device))
+    print_profiles(name, profiles, print_table)
+    del b, loaded
 
 
 def models_from_args(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -263,6 +292,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ubatch", type=int, default=512, help="runner micro-batch size (-ub, default 512)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of throughput: per-step host vs GPU time and top host costs "
+                        "(prefill at --prefill lengths, decode at --batches)")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     args.dtype = args.dtype or ("bf16" if cuda else "f32")
@@ -295,9 +327,14 @@ def main(argv: list[str] | None = None) -> int:
             "decode": f"batches {args.batches}, each sequence {args.ctx} tokens of context in its own pages, "
                       f"{args.steps} timed steps after {args.warmup_steps} warm-up, logits last",
             "page size": args.page_size,
+            "mode": "profile (per-step host vs GPU time)" if args.profile else "throughput",
             "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",
         },
     )
+    if args.profile:
+        for n, p in models:
+            profile_model(n, p, args)
+        return 0
     results = [bench_model(n, p, args) for n, p in models]
     cuda = args.device == "cuda"
     head = ["model", "arch", "params (M)", "file MiB", "load s"]

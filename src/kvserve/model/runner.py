@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.profiler import record_function
 
 from ..engine.plan import Plan, RunOutput, SeqChunk
 from .attention import build_meta
@@ -61,9 +62,12 @@ class ModelRunner:
     def run(self, plan: Plan) -> RunOutput:
         t0 = time.perf_counter()
         if plan.moves:
-            self.kv.apply_moves(plan.moves)
+            with record_function("kvserve.moves"):
+                self.kv.apply_moves(plan.moves)
         parts: dict[int, list[torch.Tensor]] = {}
         for batch in self._micro_batches(plan.chunks):
+            rf = record_function("kvserve.inputs")
+            rf.__enter__()
             ids = torch.tensor(
                 [tok for p in batch for tok in p.chunk.tokens[p.offset : p.offset + p.n]],
                 dtype=torch.int64,
@@ -74,7 +78,9 @@ class ModelRunner:
                 self.page_size,
                 self.device,
             )
-            hidden = self.model(ids, meta.positions, self.kv, meta)
+            rf.__exit__(None, None, None)
+            with record_function("kvserve.forward"):
+                hidden = self.model(ids, meta.positions, self.kv, meta)
             rows: list[int] = []
             owners: list[tuple[int, int]] = []  # (seq_id, n_rows)
             q = 0
