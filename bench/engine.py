@@ -44,7 +44,7 @@ from common import (  # noqa: E402
 
 from step_profile import print_profiles, profile_step  # noqa: E402
 
-from kvserve.engine.plan import KVMove, Plan, SeqChunk  # noqa: E402
+from kvserve.plan import KVMove, Plan, SeqChunk  # noqa: E402
 from kvserve.model import synth  # noqa: E402
 from kvserve.model.loader import DTYPES, LoadedModel, load_gguf  # noqa: E402
 from kvserve.model.runner import ModelRunner  # noqa: E402

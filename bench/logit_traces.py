@@ -47,7 +47,7 @@ import torch  # noqa: E402
 from common import make_text, print_conditions, print_table  # noqa: E402
 
 from kvserve.cache.manager import KVCacheManager  # noqa: E402
-from kvserve.engine.plan import Plan, SeqChunk  # noqa: E402
+from kvserve.plan import Plan, SeqChunk  # noqa: E402
 from kvserve.model.loader import DTYPES, LoadedModel, load_gguf  # noqa: E402
 from kvserve.model.runner import ModelRunner  # noqa: E402
 from kvserve.model.tokenizer import Tokenizer  # noqa: E402

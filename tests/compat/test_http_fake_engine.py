@@ -15,6 +15,7 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from kvserve.engine.errors import EngineError
 from kvserve.engine.request import (
     ErrorEvent,
     FinalEvent,
@@ -23,8 +24,9 @@ from kvserve.engine.request import (
     TokenEvent,
     TokenProb,
 )
+from kvserve.engine.snapshot import IDLE, SlotView
 from kvserve.server.app import create_app
-from kvserve.server.engine_api import EngineAPI, EngineError
+from kvserve.server.engine_api import EngineAPI
 from kvserve.server.settings import ServerSettings
 
 SPECIALS = {0: "<unk>", 1: "<s>", 2: "</s>", 3: "<|im_end|>", 4: "<|fim_pre|>", 5: "<|fim_suf|>",
@@ -173,9 +175,8 @@ class FakeEngine:
                         n_prompt, n_prompt // 2, len(tokens), n_prompt + len(tokens) - 1, 12.5, 30.25,
                         probs, "\n" in text))
 
-    def slots_snapshot(self) -> list[dict[str, Any]]:
-        return [{"id": i, "n_ctx": self.n_ctx_slot, "speculative": False, "is_processing": self.busy}
-                for i in range(self.n_slots)]
+    def slots_snapshot(self) -> tuple[SlotView, ...]:
+        return tuple(SlotView(i, self.n_ctx_slot, self.busy, -1, 0, 0, 0, None, IDLE) for i in range(self.n_slots))
 
     def metrics_snapshot(self) -> dict[str, float]:
         return {"prompt_tokens_total": 42, "tokens_predicted_total": 7, "t_start": 1234.5,

@@ -12,7 +12,7 @@ from kvserve.engine.slot_store import restore, save
 from kvserve.model.chat_template import ChatTemplate
 from kvserve.model.loader import load_gguf
 from kvserve.model.synth import SynthSpec, write_random_gguf
-from kvserve.server.engine_api import EngineError
+from kvserve.engine.errors import EngineError
 
 from ..conftest import TEXTS
 from .engine_harness import GREEDY, Collector, assert_idle, make_engine, run

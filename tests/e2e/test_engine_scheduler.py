@@ -240,8 +240,8 @@ def test_slot_prompt_similarity_and_lru(smollm, tok):
     run(eng, [c])
     assert c.final.id_slot == 2  # LCP similarity picks the slot that served the same document
     snap = eng.slots_snapshot()
-    assert snap[2]["n_prompt_tokens"] == len(p) - 5 + len(_ids(tok, " And then?")) - 1 + 2 - 1
-    assert "params" not in snap[0] and snap[2]["is_processing"] is False
+    assert snap[2].n_prompt_tokens == len(p) - 5 + len(_ids(tok, " And then?")) - 1 + 2 - 1
+    assert snap[0].id_task == -1 and snap[2].is_processing is False
 
 
 def test_embeddings_pool_hidden_states(smollm, tok):

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from kvserve.engine.plan import Plan, SeqChunk
+from kvserve.plan import Plan, SeqChunk
 from kvserve.model.runner import ModelRunner
 from kvserve.model.tokenizer import Tokenizer
 from kvserve.model.gguf_meta import read_metadata_file

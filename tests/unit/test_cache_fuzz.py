@@ -21,7 +21,7 @@ import pytest
 from kvserve.cache import KVCacheManager, OutOfPages
 from kvserve.cache.kv_sim import KVSim
 from kvserve.cache.prefix_index import lcp
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 INF = 1 << 62
 Key = tuple[int, ...]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvserve.cache import KVCacheManager
 from kvserve.cache.kv_sim import SimDriver
 from kvserve.cache.reuse import ReuseChunk, plan_chunk_reuse, trim_to
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 PS = 4
 

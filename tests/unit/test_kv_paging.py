@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.engine.plan import KVMove, Plan, SeqChunk
+from kvserve.plan import KVMove, Plan, SeqChunk
 from kvserve.model.loader import load_gguf
 from kvserve.model.rope import apply_rope, rope_cos_sin
 from kvserve.model.runner import ModelRunner

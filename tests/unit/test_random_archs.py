@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvserve.engine.plan import Plan, SeqChunk
+from kvserve.plan import Plan, SeqChunk
 from kvserve.model.config import UnsupportedModelError
 from kvserve.model.loader import load_gguf
 from kvserve.model.runner import ModelRunner

@@ -11,6 +11,7 @@ from kvserve.engine.sampler import (
     build_dry_breakers,
     build_plan,
     sample_batch,
+    sample_one,
 )
 from kvserve.engine.sampling_params import (
     DEFAULT_SAMPLERS,
@@ -30,7 +31,7 @@ def _survivors(params: SamplingParams, logits: torch.Tensor, history: list[int] 
     """Final candidates of one row as {id: prob} (post-sampling probs, all of them)."""
     p = SamplingParams(**{**params.__dict__, "n_probs": logits.shape[-1], "post_sampling_probs": True})
     s = SequenceSampler(p, logits.shape[-1], history=history)
-    return dict(s.sample(logits).top)
+    return dict(sample_one(s, logits).top)
 
 
 def _probs(x: list[float]) -> list[float]:
@@ -208,14 +209,14 @@ def test_logit_bias_ban_and_boost() -> None:
     best = int(logits[0].argmax())
     second = int(logits[0].topk(2).indices[1])
     banned = SequenceSampler(SamplingParams(temperature=0.0, logit_bias=((best, -math.inf),)), V)
-    assert banned.sample(logits).token == second
+    assert sample_one(banned, logits).token == second
     low = int(logits[0].argmin())
     boosted = SequenceSampler(SamplingParams(temperature=0.0, logit_bias=((low, 100.0),)), V)
-    assert boosted.sample(logits).token == low
+    assert sample_one(boosted, logits).token == low
     # a banned token is never drawn, even at high temperature
     s = SequenceSampler(SamplingParams(seed=3, temperature=5.0, top_k=0, min_p=0.0, top_p=1.0,
                                        logit_bias=((best, -math.inf),)), V)
-    assert all(s.sample(logits).token != best for _ in range(50))
+    assert all(sample_one(s, logits).token != best for _ in range(50))
 
 
 def test_ignore_eos_bans_every_eog() -> None:
@@ -225,11 +226,11 @@ def test_ignore_eos_bans_every_eog() -> None:
     s = SequenceSampler(SamplingParams(temperature=0.0, ignore_eos=True), V, eog_ids=[10, 11])
     want = logits.clone()
     want[0, 10:12] = -math.inf
-    assert s.sample(logits).token == int(want.argmax())
+    assert sample_one(s, logits).token == int(want.argmax())
     hot = SequenceSampler(SamplingParams(seed=1, temperature=3.0, ignore_eos=True), V, eog_ids=[10, 11])
-    assert all(hot.sample(logits).token not in (10, 11) for _ in range(30))
+    assert all(sample_one(hot, logits).token not in (10, 11) for _ in range(30))
     plain = SequenceSampler(SamplingParams(temperature=0.0), V, eog_ids=[10, 11])
-    assert plain.sample(logits).token == 10
+    assert sample_one(plain, logits).token == 10
 
 
 # -- penalties ---------------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def test_penalty_window_is_last_n_accepted_tokens() -> None:
     s = SequenceSampler(params, 4, history=[0, 1])
     s.accept(2)  # the window is now [1, 2]
     assert dict(s._pen_counts) == {1: 1, 2: 1}
-    top = dict(s.sample(torch.zeros(1, 4)).top)
+    top = dict(sample_one(s, torch.zeros(1, 4)).top)
     assert top[0] == pytest.approx(top[3])
     assert top[1] == pytest.approx(top[2])
     assert math.log(top[0] / top[1]) == pytest.approx(1.0, rel=1e-5)
@@ -300,7 +301,7 @@ def test_xtc_probability_zero_and_coin() -> None:
     assert len(_survivors(SamplingParams(samplers=("xtc",), xtc_probability=0.0), x)) == V
     s = SequenceSampler(SamplingParams(seed=5, samplers=("xtc",), xtc_probability=0.5, xtc_threshold=0.05,
                                        n_probs=V, post_sampling_probs=True), V)
-    sizes = {len(s.sample(x).top) for _ in range(40)}
+    sizes = {len(sample_one(s, x).top) for _ in range(40)}
     assert sizes == {V, len(ref_xtc(x[0].tolist(), 0.05))}
 
 
@@ -357,14 +358,14 @@ def test_mirostat_updates_mu(version: int) -> None:
     s = SequenceSampler(SamplingParams(seed=3, mirostat=version, n_probs=V, post_sampling_probs=True), V,
                         history=[1, 1, 1])
     assert s.mu == 10.0
-    r = s.sample(x)
+    r = sample_one(s, x)
     assert s.mu == 10.0  # committed on accept
     s.accept(r.token)
     assert s.mu == pytest.approx(10.0 - 0.1 * (-math.log2(r.logprob) - 5.0), rel=1e-6)
     assert r.token in dict(r.top)
     mus = {s.mu}
     for _ in range(5):
-        s.accept(s.sample(x).token)
+        s.accept(sample_one(s, x).token)
         mus.add(s.mu)
     assert len(mus) > 3
     # penalties are not part of a mirostat chain
@@ -378,7 +379,7 @@ def test_mirostat_v2_truncates_by_surprise() -> None:
     s = SequenceSampler(p, V)  # mu = 1.0: keep candidates with -log2(p) <= 1 (at least one)
     pr = _probs(x[0].tolist())
     want = {i for i in range(V) if -math.log2(pr[i]) <= 1.0} or {int(x.argmax())}
-    assert set(dict(s.sample(x).top)) == want
+    assert set(dict(sample_one(s, x).top)) == want
 
 
 def test_dry_penalises_repeated_continuation() -> None:
@@ -439,7 +440,7 @@ def test_adaptive_p_ema_and_final_pick() -> None:
     s = SequenceSampler(p, V)
     assert build_plan(p) == (("top_k",), "adaptive_p")
     before = (s._ap_sum, s._ap_weight)
-    r = s.sample(x)
+    r = sample_one(s, x)
     s.accept(r.token)
     assert (s._ap_sum, s._ap_weight) != before
     assert s._ap_weight == pytest.approx(1.0 + 0.5 * 2.0)
@@ -468,9 +469,9 @@ def test_n_probs_are_raw_log_softmax() -> None:
 def test_post_sampling_probs() -> None:
     logits = _logits(22)
     greedy = SamplingParams(temperature=0.0, n_probs=4, post_sampling_probs=True)
-    r = SequenceSampler(greedy, V).sample(logits)
+    r = sample_one(SequenceSampler(greedy, V), logits)
     assert r.is_prob and r.top == [(int(logits.argmax()), 1.0)] and r.logprob == 1.0
-    r = SequenceSampler(SamplingParams(seed=4, n_probs=3, post_sampling_probs=True), V).sample(logits)
+    r = sample_one(SequenceSampler(SamplingParams(seed=4, n_probs=3, post_sampling_probs=True), V), logits)
     assert len(r.top) <= 3 and all(q > 0 for _, q in r.top)
     assert [q for _, q in r.top] == sorted((q for _, q in r.top), reverse=True)
     assert dict(_survivors(SamplingParams(seed=4), logits))[r.token] == pytest.approx(r.logprob)
@@ -479,7 +480,7 @@ def test_post_sampling_probs() -> None:
 def test_vocab_padding_columns_ignored() -> None:
     logits = torch.cat([_logits(23), torch.full((1, 8), 100.0)], dim=1)
     s = SequenceSampler(SamplingParams(temperature=0.0), V)
-    assert s.sample(logits).token == int(logits[0, :V].argmax())
+    assert sample_one(s, logits).token == int(logits[0, :V].argmax())
 
 
 # -- params ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kvserve.cache.moves import move
 from kvserve.cache.prefix_index import Match, Node, PrefixIndex
 from kvserve.cache.reuse import ReuseChunk, plan_chunk_reuse, trim_to
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 
 @dataclass(frozen=True)

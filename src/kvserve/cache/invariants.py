@@ -15,13 +15,33 @@ Raises AssertionError on the first violation. Checked:
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Mapping
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from kvserve.cache.manager import KVCacheManager
+from kvserve.cache.page_pool import PagePool
+from kvserve.cache.prefix_index import Node, PrefixIndex
 
 
-def check_integrity(mgr: KVCacheManager) -> None:
+class SeqPages(Protocol):
+    """What a sequence holds: its namespace, page table, published path and move pins."""
+
+    ns: Hashable
+    pages: list[int]
+    path: list[Node]
+    pins: list[int]
+
+
+class CacheParts(Protocol):
+    """The state ``check_integrity`` reads (``KVCacheManager`` has it)."""
+
+    pool: PagePool
+    index: PrefixIndex
+    page_size: int
+    seqs: Mapping[int, SeqPages]
+    retain_limit_pages: int | None
+
+
+def check_integrity(mgr: CacheParts) -> None:
     pool, index, ps = mgr.pool, mgr.index, mgr.page_size
     free = pool.free_pages()
     assert len(set(free)) == len(free), "duplicate page on the free list"

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Sequence
 from kvserve.cache.manager import KVCacheManager
 from kvserve.cache.prefix_index import PrefixIndex
 from kvserve.cache.types import Admission
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 Row = tuple[int, int] | None
 

@@ -35,11 +35,12 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.cache.admission import plan_admission
+from kvserve.cache.invariants import check_integrity
 from kvserve.cache.page_pool import OutOfPages, PagePool
 from kvserve.cache.prefix_index import Node, PrefixIndex
 from kvserve.cache.shift import plan_shift
 from kvserve.cache.types import Admission, CacheStats
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 _NO_LIMIT = 1 << 62
 
@@ -243,14 +244,7 @@ class KVCacheManager:
             len(self.index),
         )
 
-    @property
-    def n_available_pages(self) -> int:
-        """Pages ``reserve`` can obtain right now: free plus evictable retained pages."""
-        return self.pool.n_free + self.pool.n_retained
-
     def check_integrity(self) -> None:
-        from kvserve.cache.invariants import check_integrity
-
         check_integrity(self)
 
     # -- internals -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 
 def span(pages: Sequence[int], start: int, n: int, page_size: int) -> tuple[tuple[int, ...], int]:

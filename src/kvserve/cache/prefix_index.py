@@ -54,9 +54,6 @@ class PrefixIndex:
     def iter_nodes(self) -> Iterator[Node]:
         return iter(list(self._node_of_page.values()))
 
-    def namespaces(self) -> list[Hashable]:
-        return list(self._roots)
-
     def root(self, ns: Hashable, create: bool = True) -> Node | None:
         r = self._roots.get(ns)
         if r is None and create:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from kvserve.cache.moves import move
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 
 class ShiftPlan(NamedTuple):

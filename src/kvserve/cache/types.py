@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kvserve.engine.plan import KVMove
+from kvserve.plan import KVMove
 
 # Why a prefix lookup stopped (observability; also feeds the per-request log line).
 #   disabled       no lookup was made (use_cache false, or retain_limit_pages == 0)

@@ -23,10 +23,11 @@ from ..model.chat_template import ChatTemplate
 from ..model.loader import LoadedModel
 from ..model.runner import ModelRunner
 from ..model.tokenizer import Tokenizer
-from ..server.engine_api import EngineError
+from .errors import EngineError
 from . import introspect, slot_store
 from .request import Emit, GenerationRequest
 from .sampling import Sampling
+from .snapshot import SlotView, slot_views
 from .scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("kvserve.engine")
@@ -107,7 +108,6 @@ class Engine:
         self._stop = threading.Event()
         self.ready = False
         self.step_hook: Callable[[Engine], None] | None = None
-        self.last_error: BaseException | None = None
         self.slot_save_path = opts.slot_save_path
 
     # -- facade (any thread) ---------------------------------------------------------------
@@ -139,9 +139,9 @@ class Engine:
     def model_info(self) -> dict[str, Any]:
         return introspect.model_info(self.loaded, self.tokenizer)
 
-    def slots_snapshot(self) -> list[dict[str, Any]]:
+    def slots_snapshot(self) -> tuple[SlotView, ...]:
         with self._lock:
-            return introspect.slots_snapshot(self.scheduler)
+            return slot_views(self.scheduler.slots, self.scheduler.running)
 
     def metrics_snapshot(self) -> dict[str, float]:
         with self._lock:
@@ -256,7 +256,6 @@ class Engine:
                 out = self.runner.run(plan)
             except Exception as e:  # a failed forward fails its requests, not the server
                 log.exception("forward pass failed")
-                self.last_error = e
                 self.scheduler.fail_all([c.seq_id for c in plan.chunks], f"forward pass failed: {e}")
                 return True
             t2 = time.perf_counter()

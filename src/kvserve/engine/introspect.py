@@ -1,4 +1,4 @@
-"""Read-only views of the engine for /slots, /metrics and /models (no tensors, no waiting)."""
+"""Read-only views of the engine for /metrics and /models (no tensors, no waiting)."""
 
 from __future__ import annotations
 
@@ -23,27 +23,6 @@ def model_info(loaded: LoadedModel, tokenizer: Any) -> dict[str, Any]:
         "ftype": FTYPES.get(cfg.file_type, str(cfg.file_type)),
         "path": loaded.path,
     }
-
-
-def slots_snapshot(scheduler: Any) -> list[dict[str, Any]]:
-    out = []
-    for s in scheduler.slots:
-        d: dict[str, Any] = {"id": s.id, "n_ctx": s.n_ctx, "speculative": False, "is_processing": s.busy}
-        if s.id_task != -1:
-            seq = scheduler.running.get(s.seq_id) if s.seq_id is not None else None
-            n_tokens = seq.n_computed if seq is not None else len(s.prompt_tokens)
-            d.update(
-                {
-                    "id_task": s.id_task,
-                    "n_prompt_tokens": n_tokens,
-                    "n_prompt_tokens_processed": seq.n_evaluated_prompt if seq is not None else s.n_prompt_processed,
-                    "n_prompt_tokens_cache": s.n_prompt_cache,
-                    "params": dict(s.params or {}),
-                    "next_token": [dict(s.next_token)],
-                }
-            )
-        out.append(d)
-    return out
 
 
 def metrics_snapshot(engine: Any) -> dict[str, float]:

@@ -1,9 +1,6 @@
 """Token sampling with llama.cpp's sampler-chain semantics, batched over sequences.
 
-One ``SequenceSampler`` per generating sequence holds what is per request: the parameters, its
-own CPU ``torch.Generator`` (a fixed seed gives the same tokens whatever else is in the batch),
-the penalty / DRY windows of accepted tokens (prompt + generated: llama-server accepts the
-prompt tokens into its sampler before the first draw), and mirostat / adaptive-p state.
+One ``SequenceSampler`` (``sampler_state``) per generating sequence holds what is per request.
 
 ``sample_batch(logits[B, V], samplers)`` runs, per row (``common_sampler_init`` order):
 
@@ -26,36 +23,42 @@ DRY, XTC's coin flip and mirostat run per row. The final draw walks the live can
 token-id order with one uniform from the row's generator. The "infill" sampler is accepted in
 ``samplers`` but not applied.
 
-The batched stages and the final picks live in ``sampler_stages``; DRY lives in ``dry``.
+Layers (each imports only the ones below it):
+
+    sampler          sample_batch: groups rows by plan, runs the chain, one host copy per group
+    sampler_stages   the batched tensor stages over candidate sets, and the final picks
+    sampler_state    SequenceSampler (per-request parameters and state), build_plan
+    dry              DRY penalties and sequence breakers
+
+A token-mask stage (grammar) goes in ``_chain_input``, on the raw logits before logit_bias and
+the chain: llama.cpp's ``common_sampler_sample`` applies the reasoning budget, then the grammar,
+then the chain (by default as rejection sampling: run the chain unmasked, keep the token if the
+grammar accepts it, else restore the logits, mask, run the chain again).
 """
 
 from __future__ import annotations
 
-import math
-import secrets
-from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from kvserve.engine.dry import DryBreakers, build_dry_breakers, dry_penalties
+from kvserve.engine.dry import DryBreakers, build_dry_breakers
 from kvserve.engine.sampler_stages import (
-    _STAGES,
-    _WRITES_IN_PLACE,
-    NEG_INF,
-    _adaptive_transform,
-    _Cand,
-    _Group,
-    _mirostat_keep,
-    _pick,
-    _vec,
+    STAGES,
+    WRITES_IN_PLACE,
+    Cand,
+    Group,
+    adaptive_transform,
+    mirostat_keep,
+    pick,
+    vec,
 )
-from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.sampler_state import NEG_INF, SequenceSampler, build_plan
 
 __all__ = ["NEG_INF", "DryBreakers", "SampleResult", "SequenceSampler", "build_dry_breakers", "build_plan",
-           "sample_batch"]
+           "sample_batch", "sample_one"]
 
 
 @dataclass(frozen=True)
@@ -74,174 +77,50 @@ class SampleResult:
     is_prob: bool = False
 
 
-def _stage_active(name: str, p: SamplingParams) -> bool:
-    if name == "penalties":
-        return p.repeat_last_n != 0 and not (
-            p.repeat_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
-        )
-    if name == "dry":
-        return p.dry_multiplier != 0.0 and p.dry_base >= 1.0 and (
-            p.dry_penalty_last_n > 0 or p.dry_penalty_last_n == -1
-        )
-    if name == "top_n_sigma":
-        return p.top_n_sigma > 0.0
-    if name == "top_k":
-        return p.top_k > 0
-    if name == "typ_p":
-        return p.typical_p < 1.0
-    if name == "top_p":
-        return p.top_p < 1.0
-    if name == "min_p":
-        return p.min_p > 0.0
-    if name == "xtc":
-        return p.xtc_probability > 0.0 and p.xtc_threshold <= 0.5
-    if name == "temperature":
-        return not (p.temperature == 1.0 and p.dynatemp_range <= 0.0)
-    return False  # infill: not applied; adaptive_p: a final pick
+def _chain_input(raw: Tensor, rows: list[int], g: Group) -> Tensor:
+    """The group's rows of raw logits as the chain starts on them: logit_bias added (and
+    every EOG id at -inf with ignore_eos). A copy whenever anything will write in place.
 
-
-def build_plan(p: SamplingParams) -> tuple[tuple[str, ...], str]:
-    """(stages to run in order, final pick) for ``p``; inactive stages are left out."""
-    if p.mirostat in (1, 2):
-        return (("temp",) if p.temperature != 1.0 else ()), f"mirostat{p.mirostat}"
-    stages = tuple(n for n in p.samplers if _stage_active(n, p))
-    final = "adaptive_p" if "adaptive_p" in p.samplers else "dist"
-    if final == "dist" and "temperature" in stages and p.temperature <= 0.0 and p.dynatemp_range <= 0.0:
-        before = stages[: stages.index("temperature")]
-        if "typ_p" not in before and "xtc" not in before:
-            return tuple(n for n in before if n in ("penalties", "dry")), "greedy"
-    return stages, final
-
-
-class SequenceSampler:
-    """Sampler state of one sequence; feed every accepted token to ``accept``.
-
-    ``history``: tokens already accepted (the prompt), as llama-server feeds them.
-    ``dry_breakers``: from ``build_dry_breakers`` (None: DRY runs without restart sequences).
-    ``n_ctx_train``: bounds DRY's window (llama.cpp's total context size); 0 = unbounded.
-    """
-
-    def __init__(
-        self,
-        params: SamplingParams,
-        vocab_size: int,
-        eog_ids: Iterable[int] = (),
-        history: Iterable[int] = (),
-        *,
-        dry_breakers: DryBreakers | None = None,
-        n_ctx_train: int = 0,
-    ) -> None:
-        self.params = params
-        self.vocab_size = int(vocab_size)
-        self.eog_ids = tuple(int(t) for t in eog_ids)
-        self.seed = secrets.randbits(32) if params.is_random_seed else params.seed_u32
-        self.rng = torch.Generator(device="cpu")
-        self.rng.manual_seed(self.seed)
-        self.plan, self.final = build_plan(params)
-
-        bias = list(params.logit_bias)
-        if params.ignore_eos:
-            bias += [(t, NEG_INF) for t in self.eog_ids]
-        self.bias = [(t, b) for t, b in bias if 0 <= t < self.vocab_size]
-
-        hist = [t for t in map(int, history) if 0 <= t < self.vocab_size]
-        n_pen = params.repeat_last_n
-        self._pen_on = "penalties" in self.plan
-        self._pen_win: deque[int] = deque(maxlen=n_pen if n_pen > 0 else None)
-        self._pen_counts: Counter[int] = Counter()
-        if self._pen_on:
-            self._pen_win.extend(hist)
-            self._pen_counts = Counter(self._pen_win)
-
-        n_dry = params.dry_penalty_last_n
-        if n_dry == -1:
-            n_dry = n_ctx_train
-        if n_ctx_train > 0 and n_dry > 0:
-            n_dry = min(n_dry, n_ctx_train)
-        self._dry_on = "dry" in self.plan
-        self._dry_win: deque[int] = deque(maxlen=n_dry if n_dry > 0 else None)
-        self.dry_breakers: DryBreakers = dry_breakers or {}
-        if self._dry_on:
-            self._dry_win.extend(hist)
-
-        self.mu = 2.0 * params.mirostat_tau
-        self._pending_mu: float | None = None
-        decay = min(max(params.adaptive_decay, 0.0), 0.99)
-        self._ap_decay = decay
-        self._ap_sum = params.adaptive_target / (1.0 - decay)
-        self._ap_weight = 1.0 / (1.0 - decay)
-        self._ap_pending: tuple[int, float] | None = None
-
-    def accept(self, token: int) -> None:
-        """Record an accepted token: penalty/DRY windows, mirostat mu, adaptive-p average."""
-        token = int(token)
-        if self._pen_on and 0 <= token < self.vocab_size:
-            win = self._pen_win
-            if win.maxlen is not None and len(win) == win.maxlen:
-                old = win[0]
-                self._pen_counts[old] -= 1
-                if self._pen_counts[old] <= 0:
-                    del self._pen_counts[old]
-            win.append(token)
-            self._pen_counts[token] += 1
-        if self._dry_on and 0 <= token < self.vocab_size:
-            self._dry_win.append(token)
-        if self._pending_mu is not None:
-            self.mu = self._pending_mu
-            self._pending_mu = None
-        if self._ap_pending is not None:
-            tok, p_orig = self._ap_pending
-            if tok == token:
-                self._ap_sum = p_orig + self._ap_decay * self._ap_sum
-                self._ap_weight = 1.0 + self._ap_decay * self._ap_weight
-            self._ap_pending = None
-
-    def sample(self, logits: Tensor) -> SampleResult:
-        """Sample one token from a [V] (or [1, V]) logits row."""
-        return sample_batch(logits.reshape(1, -1), [self])[0]
-
-    # -- per-row helpers used by the stages --------------------------------------------------
-
-    def dry_penalties(self) -> dict[int, float]:
-        """token -> DRY logit penalty for the next position (llama.cpp's four steps)."""
-        return dry_penalties(self.params, self._dry_win, self.dry_breakers)
-
-
-def _run_group(raw: Tensor, rows: list[int], g: _Group) -> list[SampleResult]:
+    Token masks (grammar) apply here, before the bias: see the module docstring."""
     seqs, plan, final = g.seqs, g.seqs[0].plan, g.seqs[0].final
     bias = [(j, t, b) for j, s in enumerate(seqs) for t, b in s.bias]
     if len(rows) < raw.shape[0]:
-        x = raw[_vec(rows, raw, torch.long)]
-    elif bias or _WRITES_IN_PLACE.intersection(plan) or final.startswith("mirostat"):
+        x = raw[vec(rows, raw, torch.long)]
+    elif bias or WRITES_IN_PLACE.intersection(plan) or final.startswith("mirostat"):
         x = raw.clone()
     else:
         x = raw  # every stage of this plan returns new tensors
     if bias:
         r, t, b = zip(*bias)
-        x.index_put_((_vec(r, x, torch.long), _vec(t, x, torch.long)), _vec(b, x), accumulate=True)
-    c = _Cand(x)
+        x.index_put_((vec(r, x, torch.long), vec(t, x, torch.long)), vec(b, x), accumulate=True)
+    return x
+
+
+def _run_group(raw: Tensor, rows: list[int], g: Group) -> list[SampleResult]:
+    seqs, plan, final = g.seqs, g.seqs[0].plan, g.seqs[0].final
+    c = Cand(_chain_input(raw, rows, g))
     for name in plan:
-        c = _STAGES[name](c, g)
+        c = STAGES[name](c, g)
     prob_orig = None
     if final == "greedy":
         col = c.vals.argmax(-1)
         token = c.token_ids().gather(-1, col[:, None]).squeeze(-1)
         prob = torch.ones_like(c.vals[:, 0])
-        c = _Cand(torch.ones_like(c.vals[:, :1]), token[:, None])
+        c = Cand(torch.ones_like(c.vals[:, :1]), token[:, None])
     else:
         if final.startswith("mirostat"):
             for i, s in enumerate(seqs):
-                c.vals[i] = _mirostat_keep(c.vals[i], s)
+                c.vals[i] = mirostat_keep(c.vals[i], s)
         if final == "adaptive_p":
-            p_orig, ids_before = _adaptive_transform(c, g), c.token_ids()
-        token, prob = _pick(c, g)
+            p_orig, ids_before = adaptive_transform(c, g), c.token_ids()
+        token, prob = pick(c, g)
         if final == "adaptive_p":
             col = (ids_before == token[:, None]).to(torch.uint8).argmax(-1)
             prob_orig = p_orig.gather(-1, col[:, None]).squeeze(-1)
     return _finish(raw, rows, g, c, token, prob, prob_orig)
 
 
-def _finish(raw: Tensor, rows: list[int], g: _Group, post: _Cand, token: Tensor, prob: Tensor,
+def _finish(raw: Tensor, rows: list[int], g: Group, post: Cand, token: Tensor, prob: Tensor,
             prob_orig: Tensor | None) -> list[SampleResult]:
     """One device-to-host copy per group: token, probabilities and logprobs of every row.
 
@@ -249,7 +128,7 @@ def _finish(raw: Tensor, rows: list[int], g: _Group, post: _Cand, token: Tensor,
     probs (kp each), raw top ids and logprobs (kr each).
     """
     seqs = g.seqs
-    rr = raw if len(rows) == raw.shape[0] else raw[_vec(rows, raw, torch.long)]
+    rr = raw if len(rows) == raw.shape[0] else raw[vec(rows, raw, torch.long)]
     lse = torch.logsumexp(rr, -1)
     parts = [token.double(), prob.double(), (rr.gather(-1, token[:, None]).squeeze(-1) - lse).double()]
     if prob_orig is not None:
@@ -267,10 +146,7 @@ def _finish(raw: Tensor, rows: list[int], g: _Group, post: _Cand, token: Tensor,
     results = []
     for s, row in zip(seqs, torch.cat(cols, -1).tolist()):
         tok, p_tok, lp_tok, m = int(row[0]), row[1], row[2], s.params.n_probs
-        if s.final.startswith("mirostat") and p_tok > 0.0:
-            s._pending_mu = s.mu - s.params.mirostat_eta * (-math.log2(p_tok) - s.params.mirostat_tau)
-        if prob_orig is not None and s.params.adaptive_target >= 0.0:
-            s._ap_pending = (tok, row[3])
+        s.note_pick(tok, p_tok, row[3] if prob_orig is not None else None)
         if s.params.post_sampling_probs:
             ids, ps = row[base : base + kp], row[base + kp : base + 2 * kp]
             top = [(int(t), q) for t, q in zip(ids, ps) if q > 0.0][:m]
@@ -305,6 +181,11 @@ def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
         groups.setdefault((s.plan, s.final), []).append(i)
     by_row: dict[int, SampleResult] = {}
     for rows in groups.values():
-        g = _Group([samplers[i] for i in rows], raw.device)
+        g = Group([samplers[i] for i in rows], raw.device)
         by_row.update(zip(rows, _run_group(raw, rows, g)))
     return [by_row[i] for i in range(B)]
+
+
+def sample_one(sampler: SequenceSampler, logits: Tensor) -> SampleResult:
+    """Sample one token from a [V] (or [1, V]) logits row."""
+    return sample_batch(logits.reshape(1, -1), [sampler])[0]

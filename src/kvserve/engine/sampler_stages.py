@@ -1,34 +1,34 @@
 """Batched sampling stages over candidate sets, and the final picks.
 
-Rows with the same plan form a ``_Group`` and share one ``_Cand``: ``vals[b, W]`` logits (-inf =
+Rows with the same plan form a ``Group`` and share one ``Cand``: ``vals[b, W]`` logits (-inf =
 removed) and ``ids[b, W]`` their token ids (None while W == V and column == token id).
 Truncating stages (top_k, top_p, typ_p) shrink W, so after top_k a default chain works on
-~40 columns. All per-row numbers go to the device in one copy (``_Group.table``).
+~40 columns. All per-row numbers go to the device in one copy (``Group.table``).
 
-``_STAGES`` maps a stage name of a plan to its function; ``_mirostat_keep``,
-``_adaptive_transform`` and ``_pick`` (the seeded draw) are the final picks.
+``STAGES`` maps a stage name of a plan to its function, ``Stage``: ``(Cand, Group) -> Cand``
+(it may write ``vals`` in place when its name is in ``WRITES_IN_PLACE``); ``mirostat_keep``,
+``adaptive_transform`` and ``pick`` (the seeded draw) are the final picks. Stages read the
+per-request state (``sampler_state.SequenceSampler``) and change nothing of it but draws
+from its generator.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from kvserve.engine.sampler import SequenceSampler
-
-NEG_INF = float("-inf")
+from kvserve.engine.sampler_state import NEG_INF, SequenceSampler
 
 _COLS = ("u", "top_p", "min_p", "min_keep", "typical_p", "top_n_sigma", "temperature",
          "dynatemp_range", "dynatemp_exponent", "xtc_threshold", "repeat_penalty",
          "frequency_penalty", "presence_penalty")
 
 
-class _Group:
+class Group:
     """Rows sharing a plan: their samplers and their parameters as device columns."""
 
     def __init__(self, seqs: list[SequenceSampler], device: torch.device) -> None:
@@ -47,7 +47,7 @@ class _Group:
 
 
 @dataclass
-class _Cand:
+class Cand:
     vals: Tensor
     ids: Tensor | None = None
 
@@ -57,20 +57,20 @@ class _Cand:
         b, w = self.vals.shape
         return torch.arange(w, device=self.vals.device).expand(b, w)
 
-    def take(self, vals: Tensor, cols: Tensor, keep: Tensor) -> _Cand:
+    def take(self, vals: Tensor, cols: Tensor, keep: Tensor) -> Cand:
         """The columns ``cols`` (with their ``vals``) of each row; those not kept become -inf."""
         ids = cols if self.ids is None else self.ids.gather(-1, cols)
-        return _Cand(torch.where(keep, vals, NEG_INF), ids)
+        return Cand(torch.where(keep, vals, NEG_INF), ids)
 
 
-Stage = Callable[[_Cand, _Group], _Cand]
+Stage = Callable[[Cand, Group], Cand]
 
 
-def _vec(values: Sequence[float] | Sequence[int], like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+def vec(values: Sequence[float] | Sequence[int], like: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return torch.tensor(values, dtype=dtype, device=like.device)
 
 
-def _sorted(c: _Cand, n: int) -> tuple[Tensor, Tensor]:
+def _sorted(c: Cand, n: int) -> tuple[Tensor, Tensor]:
     """(vals, cols) of the n best columns per row, descending; equal values by token id."""
     w = c.vals.shape[1]
     if c.ids is None:
@@ -92,12 +92,12 @@ def _keep_prefix(below: Tensor, min_keep: Tensor) -> Tensor:
     return torch.arange(n, device=below.device)[None, :] <= last[:, None]
 
 
-def _add_at(c: _Cand, rows: list[int], toks: list[int], fn: Callable[[Tensor, Tensor], Tensor]) -> None:
+def _add_at(c: Cand, rows: list[int], toks: list[int], fn: Callable[[Tensor, Tensor], Tensor]) -> None:
     """vals[row, column of tok] = fn(old values, entry index) for each distinct (row, tok)
     present (tokens are < V: the samplers drop others on accept)."""
     if not rows:
         return
-    r, t = _vec(rows, c.vals, torch.long), _vec(toks, c.vals, torch.long)
+    r, t = vec(rows, c.vals, torch.long), vec(toks, c.vals, torch.long)
     e = torch.arange(len(rows), device=c.vals.device)
     if c.ids is None:
         col = t
@@ -108,16 +108,17 @@ def _add_at(c: _Cand, rows: list[int], toks: list[int], fn: Callable[[Tensor, Te
     c.vals[r, col] = fn(c.vals[r, col], e)
 
 
-def _stage_penalties(c: _Cand, g: _Group) -> _Cand:
+def _stage_penalties(c: Cand, g: Group) -> Cand:
     rows: list[int] = []
     toks: list[int] = []
     cnts: list[int] = []
     for i, s in enumerate(g.seqs):
-        rows += [i] * len(s._pen_counts)
-        toks += s._pen_counts.keys()
-        cnts += s._pen_counts.values()
+        counts = s.penalty_counts
+        rows += [i] * len(counts)
+        toks += counts.keys()
+        cnts += counts.values()
     if rows:
-        r, cnt = _vec(rows, c.vals, torch.long), _vec(cnts, c.vals)
+        r, cnt = vec(rows, c.vals, torch.long), vec(cnts, c.vals)
         rp, fp, pp = (g.col(n)[r] for n in ("repeat_penalty", "frequency_penalty", "presence_penalty"))
 
         def apply(v: Tensor, e: Tensor) -> Tensor:
@@ -128,19 +129,19 @@ def _stage_penalties(c: _Cand, g: _Group) -> _Cand:
     return c
 
 
-def _stage_dry(c: _Cand, g: _Group) -> _Cand:
+def _stage_dry(c: Cand, g: Group) -> Cand:
     rows, toks, pens = [], [], []
     for i, s in enumerate(g.seqs):
         for tok, pen in s.dry_penalties().items():
             rows.append(i)
             toks.append(tok)
             pens.append(pen)
-    pen = _vec(pens, c.vals)
+    pen = vec(pens, c.vals)
     _add_at(c, rows, toks, lambda v, e: v - pen[e])
     return c
 
 
-def _stage_top_n_sigma(c: _Cand, g: _Group) -> _Cand:
+def _stage_top_n_sigma(c: Cand, g: Group) -> Cand:
     x = c.vals
     finite = x > NEG_INF
     cnt = finite.sum(-1, keepdim=True).clamp(min=1)
@@ -150,23 +151,23 @@ def _stage_top_n_sigma(c: _Cand, g: _Group) -> _Cand:
     return c
 
 
-def _stage_top_k(c: _Cand, g: _Group) -> _Cand:
+def _stage_top_k(c: Cand, g: Group) -> Cand:
     w = c.vals.shape[1]
     ks = [min(s.params.top_k, w) for s in g.seqs]
     cut = [k for k in ks if k < w]
     if not cut:
         return c
     vals, cols = torch.topk(c.vals, max(cut), dim=-1)
-    keep = torch.arange(max(cut), device=vals.device)[None, :] < _vec(ks, vals, torch.long)[:, None]
+    keep = torch.arange(max(cut), device=vals.device)[None, :] < vec(ks, vals, torch.long)[:, None]
     if len(cut) == len(ks):
         return c.take(vals, cols, keep)
-    whole = _vec([k >= w for k in ks], vals, torch.bool)[:, None]  # rows keeping everything
+    whole = vec([k >= w for k in ks], vals, torch.bool)[:, None]  # rows keeping everything
     mask = torch.zeros_like(c.vals, dtype=torch.bool).scatter_(1, cols, keep) | whole
     c.vals = torch.where(mask, c.vals, NEG_INF)
     return c
 
 
-def _stage_top_p(c: _Cand, g: _Group) -> _Cand:
+def _stage_top_p(c: Cand, g: Group) -> Cand:
     w = c.vals.shape[1]
     tp = g.col("top_p")[:, None]
     lse = torch.logsumexp(c.vals, -1, keepdim=True)
@@ -180,7 +181,7 @@ def _stage_top_p(c: _Cand, g: _Group) -> _Cand:
     return c.take(vals, cols, _keep_prefix(below, g.col("min_keep", torch.long)))
 
 
-def _stage_min_p(c: _Cand, g: _Group) -> _Cand:
+def _stage_min_p(c: Cand, g: Group) -> Cand:
     x = c.vals
     keep = x >= x.amax(-1, keepdim=True) + torch.log(g.col("min_p"))[:, None]
     mks = [s.params.min_keep for s in g.seqs]
@@ -196,7 +197,7 @@ def _stage_min_p(c: _Cand, g: _Group) -> _Cand:
     return c
 
 
-def _stage_typ_p(c: _Cand, g: _Group) -> _Cand:
+def _stage_typ_p(c: Cand, g: Group) -> Cand:
     vals, cols = _sorted(c, c.vals.shape[1])
     logp = vals - torch.logsumexp(vals, -1, keepdim=True)
     p = torch.exp(logp)
@@ -209,25 +210,25 @@ def _stage_typ_p(c: _Cand, g: _Group) -> _Cand:
     return c.take(vals.gather(-1, order), cols.gather(-1, order), keep)
 
 
-def _stage_xtc(c: _Cand, g: _Group) -> _Cand:
+def _stage_xtc(c: Cand, g: Group) -> Cand:
     alive = (c.vals > NEG_INF).sum(-1).tolist()
     rows = [i for i, s in enumerate(g.seqs) if alive[i] >= 2
             and float(torch.rand((), generator=s.rng)) <= s.params.xtc_probability]
     if not rows:
         return c
-    r = _vec(rows, c.vals, torch.long)
-    sub = _Cand(c.vals[r], None if c.ids is None else c.ids[r])
+    r = vec(rows, c.vals, torch.long)
+    sub = Cand(c.vals[r], None if c.ids is None else c.ids[r])
     vals, cols = _sorted(sub, sub.vals.shape[1])
     p = torch.softmax(vals, -1)
     last = ((p >= g.col("xtc_threshold")[r][:, None]).sum(-1) - 1).clamp(min=0)  # it stays
-    size = _vec([alive[i] for i in rows], p, torch.long)
+    size = vec([alive[i] for i in rows], p, torch.long)
     ok = (size - last >= g.col("min_keep", torch.long)[r]) & (last > 0)
     drop = ok[:, None] & (torch.arange(p.shape[1], device=p.device)[None, :] < last[:, None])
     c.vals[r] = torch.where(torch.zeros_like(drop).scatter_(1, cols, drop), NEG_INF, sub.vals)
     return c
 
 
-def _apply_temp(c: _Cand, t: Tensor, all_positive: bool) -> _Cand:
+def _apply_temp(c: Cand, t: Tensor, all_positive: bool) -> Cand:
     """llama.cpp's temp_impl per row: t <= 0 keeps only the first best, else logits / t."""
     x = c.vals
     if all_positive:
@@ -239,7 +240,7 @@ def _apply_temp(c: _Cand, t: Tensor, all_positive: bool) -> _Cand:
     return c
 
 
-def _stage_temperature(c: _Cand, g: _Group) -> _Cand:
+def _stage_temperature(c: Cand, g: Group) -> Cand:
     t = g.col("temperature")
     if all(s.params.dynatemp_range <= 0 for s in g.seqs):
         return _apply_temp(c, t, all(s.params.temperature > 0 for s in g.seqs))
@@ -254,8 +255,8 @@ def _stage_temperature(c: _Cand, g: _Group) -> _Cand:
     return _apply_temp(c, t, False)  # a dynamic temperature may reach 0
 
 
-_WRITES_IN_PLACE = frozenset({"penalties", "dry", "xtc"})
-_STAGES: dict[str, Stage] = {
+WRITES_IN_PLACE = frozenset({"penalties", "dry", "xtc"})
+STAGES: dict[str, Stage] = {
     "penalties": _stage_penalties,
     "dry": _stage_dry,
     "top_n_sigma": _stage_top_n_sigma,
@@ -272,7 +273,7 @@ _STAGES: dict[str, Stage] = {
 # -- final picks ------------------------------------------------------------------------------
 
 
-def _mirostat_keep(x: Tensor, s: SequenceSampler) -> Tensor:
+def mirostat_keep(x: Tensor, s: SequenceSampler) -> Tensor:
     """Row [W] as mirostat v1/v2 truncates it before its draw."""
     vals, cols = torch.sort(x, descending=True, stable=True)
     p = torch.softmax(vals, -1).double()
@@ -293,22 +294,20 @@ def _mirostat_keep(x: Tensor, s: SequenceSampler) -> Tensor:
     return torch.full_like(x, NEG_INF).scatter_(0, cols, torch.where(keep, vals, NEG_INF))
 
 
-def _adaptive_transform(c: _Cand, g: _Group) -> Tensor:
+def adaptive_transform(c: Cand, g: Group) -> Tensor:
     """adaptive-p: logits from each prob's distance to the adapted target; returns the old probs."""
     p = torch.softmax(c.vals, -1)
     targets, on = [], []
     for s in g.seqs:
-        tgt = min(max(s.params.adaptive_target, 0.0), 1.0)
-        a = tgt if s._ap_weight == 0.0 else 2.0 * tgt - s._ap_sum / s._ap_weight
-        targets.append(min(max(a, 0.0), 1.0))
+        targets.append(s.adaptive_target())
         on.append(s.params.adaptive_target >= 0.0)
-    d = (p - _vec(targets, p)[:, None]).abs() / 0.3
+    d = (p - vec(targets, p)[:, None]).abs() / 0.3
     new = 5.0 - 10.0 * d * d / (1.0 + d)
-    c.vals = torch.where(_vec(on, p, torch.bool)[:, None] & (c.vals > NEG_INF), new, c.vals)
+    c.vals = torch.where(vec(on, p, torch.bool)[:, None] & (c.vals > NEG_INF), new, c.vals)
     return p
 
 
-def _pick(c: _Cand, g: _Group) -> tuple[Tensor, Tensor]:
+def pick(c: Cand, g: Group) -> tuple[Tensor, Tensor]:
     """The seeded draw over the live candidates in token-id order: (token, its prob).
 
     Leaves ``c`` holding the final candidates as probabilities (for post-sampling probs)."""

@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from .sampler import SampleResult, SequenceSampler, build_dry_breakers, sample_batch
+from .dry import build_dry_breakers
+from .sampler import SampleResult, sample_batch
+from .sampler_state import SequenceSampler
 from .sampling_params import SamplingParams
 
 

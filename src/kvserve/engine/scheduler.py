@@ -19,10 +19,11 @@ import torch
 
 from ..cache.page_pool import OutOfPages
 from .output import TextOutput, token_prob
-from .plan import Plan, RunOutput, SeqChunk
+from ..plan import Plan, RunOutput, SeqChunk
 from .request import CacheIdentity, Emit, ErrorEvent, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
+from .snapshot import IDLE, NextToken
 from .stats import EngineStats, timings
 
 log = logging.getLogger("kvserve.engine")
@@ -191,7 +192,7 @@ class Scheduler:
         )
         slot.seq_id = req.id
         slot.id_task = req.id
-        slot.params = params.sampling.to_json(metrics_only=True) if params.sampling is not None else {}
+        slot.sampling = params.sampling
         self.running[req.id] = seq
         self._try_begin(seq)
 
@@ -333,12 +334,12 @@ class Scheduler:
                 tim = timings(seq.n_prompt, seq.n_cached, seq.n_decoded, seq.prompt_ms(), seq.predicted_ms())
             seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim))
         slot = self.slots[seq.slot_id]
-        slot.next_token = {
-            "has_next_token": not done,
-            "has_new_line": "\n" in "".join(seq.content),
-            "n_remain": (n_predict - seq.n_decoded) if n_predict >= 0 else -1,
-            "n_decoded": seq.n_decoded,
-        }
+        slot.next_token = NextToken(
+            has_next_token=not done,
+            has_new_line="\n" in "".join(seq.content),
+            n_remain=(n_predict - seq.n_decoded) if n_predict >= 0 else -1,
+            n_decoded=seq.n_decoded,
+        )
         if done:
             self._finish(seq)
 
@@ -411,4 +412,4 @@ class Scheduler:
         slot.prompt_tokens = list(seq.tokens[: seq.n_computed])
         slot.n_prompt_processed = seq.n_evaluated_prompt
         slot.t_last_used = time.perf_counter()
-        slot.next_token = {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
+        slot.next_token = IDLE

@@ -63,10 +63,6 @@ class Sequence:
         return self.req.params.cache_prompt
 
     @property
-    def prompt_remaining(self) -> int:
-        return max(0, self.n_prompt_total - self.n_computed) if self.state is SeqState.PREFILL else 0
-
-    @property
     def n_prompt_total(self) -> int:
         """Tokens that must be computed before the first sample: the (possibly shifted) prompt."""
         return len(self.tokens) - self.n_decoded

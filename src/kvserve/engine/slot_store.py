@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..server.engine_api import EngineError
+from .errors import EngineError
 from .request import CacheIdentity
 
 MAGIC = "kvserve-slot"

@@ -7,7 +7,10 @@ last request, which is what ``/slots`` shows and what LCP similarity compares ag
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
+
+from .sampling_params import SamplingParams
+from .snapshot import IDLE, NextToken
 
 
 @dataclass
@@ -20,16 +23,12 @@ class Slot:
     n_prompt_processed: int = 0
     n_prompt_cache: int = 0
     t_last_used: float = -1.0
-    params: dict[str, Any] | None = None
-    next_token: dict[str, Any] = field(default_factory=lambda: _idle_next_token())
+    sampling: SamplingParams | None = None  # the running (or last) request's sampler parameters
+    next_token: NextToken = IDLE
 
     @property
     def busy(self) -> bool:
         return self.seq_id is not None
-
-
-def _idle_next_token() -> dict[str, Any]:
-    return {"has_next_token": False, "has_new_line": False, "n_remain": -1, "n_decoded": 0}
 
 
 def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..engine.plan import KVMove
+from ..plan import KVMove
 from .config import ModelConfig
 from .rope import rope_shift
 
@@ -61,9 +61,3 @@ class PagedKVStore:
                 self.k[layer].index_copy_(0, dst, keys)
                 self.v[layer].index_copy_(0, dst, self.v[layer].index_select(0, src))
 
-
-def rope_shift_pages(
-    store: PagedKVStore, pages: Sequence[int], start: int, n: int, delta: int
-) -> None:
-    """Re-rotate, in place, the keys of positions [start, start + n) of ``pages`` by ``delta``."""
-    store.apply_moves([KVMove(tuple(pages), start, tuple(pages), start, n, delta)])

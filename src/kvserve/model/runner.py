@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.profiler import record_function
 
-from ..engine.plan import Plan, RunOutput, SeqChunk
+from ..plan import Plan, RunOutput, SeqChunk
 from .attention import build_meta
 from .kv_store import PagedKVStore
 from .loader import LoadedModel

@@ -20,22 +20,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from kvserve.engine.request import Emit, GenerationRequest
-
-
-class EngineError(Exception):
-    """A failure the engine reports synchronously (``slot_action``, ``embed``).
-
-    ``code``/``type`` follow llama-server's table (400 invalid_request_error,
-    500 server_error, 501 not_supported_error, 503 unavailable_error). Any exception that
-    carries an int ``code`` attribute is mapped the same way; others become 500.
-    """
-
-    def __init__(self, message: str, code: int = 400, type: str = "", extra: dict[str, Any] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code
-        self.type = type
-        self.extra = dict(extra or {})
+from kvserve.engine.snapshot import SlotView
 
 
 class TokenizerLike(Protocol):
@@ -95,8 +80,8 @@ class EngineAPI(Protocol):
 
     def cancel(self, request_id: int) -> None: ...
 
-    def slots_snapshot(self) -> list[dict[str, Any]]:
-        """One dict per slot, already in llama-server's ``GET /slots`` form."""
+    def slots_snapshot(self) -> tuple[SlotView, ...]:
+        """One plain view per slot; the server renders llama-server's ``GET /slots`` form."""
         ...
 
     def metrics_snapshot(self) -> dict[str, float]:
@@ -108,7 +93,7 @@ class EngineAPI(Protocol):
     def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
         """``save`` / ``restore`` / ``erase`` (filename "" for erase); the response body.
         ``id_slot`` is the raw request id (wrap it modulo n_slots); ``filename`` is validated
-        (a bare name); ``tenant`` is the caller's API key. Raises EngineError."""
+        (a bare name); ``tenant`` is the caller's API key. Raises ``kvserve.engine.errors.EngineError``."""
         ...
 
     def embed(self, token_lists: list[list[int]], pooling: str) -> list[list[list[float]]]:

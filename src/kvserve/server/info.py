@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from kvserve.engine.snapshot import SlotView
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.gensettings import default_settings
 from kvserve.server.settings import ServerSettings
@@ -123,12 +124,25 @@ def _cache_props(engine: EngineAPI) -> dict[str, Any]:
     return {"kvserve_cache": info()} if callable(info) else {}
 
 
-def slots_body(engine: EngineAPI, s: ServerSettings) -> list[dict[str, Any]]:
-    """The engine's slot dicts; ``prompt``/``generated`` text only with LLAMA_SERVER_SLOTS_DEBUG."""
-    slots = engine.slots_snapshot()
-    if s.slots_debug:
-        return slots
-    return [{k: v for k, v in slot.items() if k not in ("prompt", "generated")} for slot in slots]
+def slot_json(v: SlotView) -> dict[str, Any]:
+    """One slot in llama-server's ``GET /slots`` form (a never-used slot has no task fields)."""
+    d: dict[str, Any] = {"id": v.id, "n_ctx": v.n_ctx, "speculative": False, "is_processing": v.is_processing}
+    if v.id_task != -1:
+        nt = v.next_token
+        d.update({
+            "id_task": v.id_task,
+            "n_prompt_tokens": v.n_prompt_tokens,
+            "n_prompt_tokens_processed": v.n_prompt_tokens_processed,
+            "n_prompt_tokens_cache": v.n_prompt_tokens_cache,
+            "params": v.sampling.to_json(metrics_only=True) if v.sampling is not None else {},
+            "next_token": [{"has_next_token": nt.has_next_token, "has_new_line": nt.has_new_line,
+                            "n_remain": nt.n_remain, "n_decoded": nt.n_decoded}],
+        })
+    return d
+
+
+def slots_body(engine: EngineAPI) -> list[dict[str, Any]]:
+    return [slot_json(v) for v in engine.slots_snapshot()]
 
 
 def any_slot_idle(slots: list[dict[str, Any]]) -> bool:

@@ -68,7 +68,7 @@ def make_router(prefix: str) -> APIRouter:
         st = request.app.state
         if not st.settings.endpoint_slots:
             raise disabled_endpoint("slots endpoint", "--slots")
-        body = info.slots_body(st.engine, st.settings)
+        body = info.slots_body(st.engine)
         if request.query_params.get("fail_on_no_slot") not in (None, "", "0", "false") and not info.any_slot_idle(body):
             raise ApiError("no slot available", UNAVAILABLE)
         return JSONResponse(body)

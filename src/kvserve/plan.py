@@ -1,5 +1,8 @@
 """The one object that crosses from the scheduler to the runner, and what comes back.
 
+Shared types below ``engine``, ``cache`` and ``model``: all three import them from here, and
+this module imports none of them.
+
 Positions are contiguous per sequence: the token at position ``p`` lives in page
 ``page_table[p // page_size]`` at row ``p % page_size``. A cache hit, a copy-on-write and a
 KV shift all reduce to this layout before the forward pass, so the runner never knows which
