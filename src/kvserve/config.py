@@ -69,6 +69,9 @@ class ServerConfig:
     jinja: bool
     chat_template: str | None  # built-in name or Jinja source (--chat-template-file is read); None = model's
     chat_template_kwargs: Mapping[str, Any]  # decoded JSON values; preserve_reasoning defaults to True
+    reasoning_format: str  # none | auto | deepseek | deepseek-legacy (deepseek unless given)
+    reasoning: str  # -rea: on | off | auto
+    skip_chat_parsing: bool  # chat output is never parsed (content only)
     slot_save_path: str | None  # existing directory, ends with a separator
     ui: bool  # always False: kvserve has no web UI
 
@@ -254,6 +257,14 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     model_path: str | None = v["model"] or None
     aliases: tuple[str, ...] = tuple(v["aliases"]) or (model_path or DEFAULT_MODEL_FILE,)
     kwargs = dict(v["chat_template_kwargs"])
+    if v["reasoning"] in ("on", "off"):  # -rea on/off also sets the template's enable_thinking
+        kwargs["enable_thinking"] = v["reasoning"] == "on"
+    if v["reasoning_effort"] == "default":
+        kwargs.pop("reasoning_effort", None)
+    elif v["reasoning_effort"]:
+        kwargs["reasoning_effort"] = v["reasoning_effort"]
+    if v["reasoning_preserve"] is not None:
+        kwargs["preserve_reasoning"] = bool(v["reasoning_preserve"])
     kwargs.setdefault("preserve_reasoning", True)
 
     n_batch, n_ubatch = v["n_batch"], v["n_ubatch"]
@@ -278,6 +289,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         embedding=v["embedding"], pooling=v["pooling"], embd_normalize=v["embd_normalize"],
         jinja=v["jinja"], chat_template=v["chat_template"] or None,
         chat_template_kwargs=MappingProxyType(kwargs), slot_save_path=v["slot_save_path"] or None,
+        reasoning_format=v["reasoning_format"] if parsed.explicit("reasoning_format") else "deepseek",
+        reasoning=v["reasoning"], skip_chat_parsing=v["skip_chat_parsing"],
         ui=False,
     )
     engine = EngineConfig(

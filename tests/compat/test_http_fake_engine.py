@@ -110,6 +110,8 @@ class FakeEngine:
     slot_calls: list[tuple[int, str, str, str]] = field(default_factory=list)
     embed_calls: list[tuple[list[list[int]], str]] = field(default_factory=list)
     error_after: int = -1  # emit a server error after this many tokens
+    output: str = OUTPUT  # what the model "generates", cyclically, one character per token
+    eos_at_end: bool = False  # stop (stop_type "eos") once ``output`` has been generated once
 
     def __post_init__(self) -> None:
         self.tokenizer = FakeTokenizer(self.fim)
@@ -150,10 +152,13 @@ class FakeEngine:
             if req.id in self.cancelled:
                 stop_type = "none"
                 break
+            if self.eos_at_end and i == len(self.output):
+                stop_type = "eos"
+                break
             if i == self.error_after:
                 emit(ErrorEvent(req.id, req.index, 500, "Context size has been exceeded.", "server_error"))
                 return
-            ch = OUTPUT[(i + req.index) % len(OUTPUT)]
+            ch = self.output[(i + req.index) % len(self.output)]
             tid = ord(ch) + 10
             tokens.append(tid)
             prob = TokenProb(tid, ch, [ord(ch)], -0.25,

@@ -186,7 +186,6 @@ def test_malformed_json_is_500(http) -> None:  # type: ignore[no-untyped-def]
     ("/v1/completions", "echo", True),
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "suffix", "tail"),
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
     ("/v1/chat/completions", "response_format", {"type": "json_object"}),
 ])
 def test_unsupported_fields_are_refused(http, path: str, field: str, value: Any) -> None:  # type: ignore[no-untyped-def]

@@ -227,3 +227,17 @@ def test_ini_preset_warning(tmp_path: Path) -> None:
     (tmp_path / "llama.cpp" / "config.ini").write_text("[*]\nctx-size = 1\n")
     _, warnings = cfg(env={"XDG_CONFIG_HOME": str(tmp_path)})
     assert any("does not read llama.cpp INI presets" in w for w in warnings)
+
+
+def test_reasoning_flags_reach_the_server_config() -> None:
+    s = cfg()[0].server
+    assert (s.reasoning_format, s.reasoning, s.skip_chat_parsing) == ("deepseek", "auto", False)
+    assert "enable_thinking" not in s.chat_template_kwargs
+    s = cfg("--reasoning-format", "none", "-rea", "off", "--skip-chat-parsing")[0].server
+    assert (s.reasoning_format, s.reasoning, s.skip_chat_parsing) == ("none", "off", True)
+    assert s.chat_template_kwargs["enable_thinking"] is False
+    s = cfg("-rea", "on", "--reasoning-effort", "high", "--no-reasoning-preserve")[0].server
+    assert dict(s.chat_template_kwargs) == {"enable_thinking": True, "reasoning_effort": "high",
+                                            "preserve_reasoning": False}
+    s = cfg("--chat-template-kwargs", '{"reasoning_effort": "low"}', "--reasoning-effort", "default")[0].server
+    assert "reasoning_effort" not in s.chat_template_kwargs

@@ -17,7 +17,7 @@ _MULTIMODAL = "multimodal input (projectors, media files) is not supported"
 _CHECKPOINTS = (
     "the shared paged cache keeps full KV for SWA layers, so checkpoints are not needed; see compat.md"
 )
-_REASONING = "reasoning extraction, budgets and effort are not implemented"
+_REASONING = "reasoning budgets (forcing the end of a thinking block) are not implemented"
 _SPECULATIVE = "speculative decoding is not supported"
 _ROUTER = "router mode (several models) is not supported; kvserve serves one model"
 _GRAMMAR = "grammar / JSON-schema constrained sampling is not implemented"
@@ -47,13 +47,8 @@ REFUSED: dict[str, str] = {
     "agent": _AGENT,
     "ctx_checkpoints": _CHECKPOINTS,
     "checkpoint_min_step": _CHECKPOINTS,
-    "reasoning_format": _REASONING,
-    "reasoning": _REASONING,
     "reasoning_budget": _REASONING,
     "reasoning_budget_message": _REASONING,
-    "reasoning_effort": _REASONING,
-    "reasoning_preserve": _REASONING,
-    "skip_chat_parsing": "switching the chat output parser off is not supported",
     "sleep_idle_seconds": "idle sleeping (unloading the model) is not implemented",
     "log_prompts_dir": "kvserve never writes prompts to disk",
     "log_jsonl": _LOGFMT,

@@ -433,6 +433,8 @@ class ChatTemplate:
         raw = list(messages) if isinstance(messages, tuple) else messages
         msgs = validate_messages(raw)
         tool_list = validate_tools(tools)
+        if any("tool_calls" in m for m in msgs) and self._object_arguments():
+            msgs = [_arguments_as_objects(m) for m in msgs]
         prefill = ""
         if prefill_assistant and msgs and msgs[-1]["role"] == "assistant":
             msgs.pop()
@@ -465,6 +467,14 @@ class ChatTemplate:
         return out + prefill
 
     # ---- capabilities ----------------------------------------------------------------------------
+
+    def _object_arguments(self) -> bool:
+        """Templates that ``tojson`` the arguments want them as an object, not a JSON string."""
+        cached = getattr(self, "_object_args_cache", None)
+        if cached is None:
+            cached = self.caps()["supports_object_arguments"]
+            self._object_args_cache = cached
+        return bool(cached)
 
     def caps(self) -> dict[str, bool]:
         """Best-effort ``chat_template_caps`` for ``/props``, found by rendering probe conversations."""
@@ -518,6 +528,23 @@ class ChatTemplate:
             "supports_tools": supports_tools,
             "supports_typed_content": typed_content,
         }
+
+
+def _arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's ``func_args_not_string`` workaround: tool-call arguments decoded from JSON."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out_calls = []
+    for call in calls:
+        args = call["function"]["arguments"]
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError as e:
+                raise MessageFormatError(f"Failed to parse tool call arguments as JSON: {e}", status=500) from None
+        out_calls.append({**call, "function": {**call["function"], "arguments": args}})
+    return {**message, "tool_calls": out_calls}
 
 
 def _prefill_text(message: Mapping[str, Any]) -> str:

@@ -9,8 +9,19 @@ other body key is copied through so llama.cpp sampling extensions work on this e
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
+from kvserve.server.chat_parsing import ChatSyntax
+from kvserve.server.chat_parsing.reasoning import REASONING_FORMATS
+from kvserve.server.chat_tools import (
+    ToolRequest,
+    build_syntax,
+    generation_prompt,
+    polyfill_messages,
+    read_tool_request,
+    supports_thinking,
+)
 from kvserve.server.engine_api import ChatTemplateLike
 from kvserve.server.errors import ApiError, invalid, server_error, unsupported_field
 from kvserve.server.settings import ServerSettings
@@ -56,7 +67,7 @@ def _validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _template_kwargs(body: dict[str, Any], s: ServerSettings) -> dict[str, Any]:
+def _template_kwargs(body: dict[str, Any], s: ServerSettings, tmpl: ChatTemplateLike) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     for k, v in s.chat_template_kwargs.items():
         if isinstance(v, str):  # the CLI stores each value as its JSON dump
@@ -70,6 +81,9 @@ def _template_kwargs(body: dict[str, Any], s: ServerSettings) -> dict[str, Any]:
         kwargs.update(req_kwargs)
     if isinstance(kwargs.get("enable_thinking"), str):
         raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
+    if not isinstance(kwargs.get("enable_thinking"), bool):
+        # llama-server always passes it: off with --reasoning off or a template without thinking
+        kwargs["enable_thinking"] = s.reasoning != "off" and supports_thinking(tmpl)
     effort = body.get("reasoning_effort", kwargs.get("reasoning_effort"))
     if effort == "none":
         kwargs["enable_thinking"] = False
@@ -79,13 +93,46 @@ def _template_kwargs(body: dict[str, Any], s: ServerSettings) -> dict[str, Any]:
     return kwargs
 
 
+@dataclass
+class RenderedChat:
+    prompt: str
+    generation_prompt: str  # what the generation prompt (and a prefilled reply) added
+    syntax: ChatSyntax  # how the output is parsed
+
+
 def render_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings) -> str:
     """The chat prompt for ``body`` (used by chat completions, /apply-template, input_tokens)."""
+    return render_chat_full(body, tmpl, s).prompt
+
+
+def _render(tmpl: ChatTemplateLike, messages: list[dict[str, Any]], add_generation_prompt: bool,
+            tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]) -> str:
+    try:
+        return tmpl.render(messages, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
+    except ValueError as e:  # MessageFormatError carries llama-server's status (400, or 500)
+        if getattr(e, "status", 400) >= 500:
+            raise server_error(str(e))
+        raise invalid(str(e))
+    except ApiError:
+        raise
+    except Exception as e:  # noqa: BLE001 - jinja runtime errors: the template, not the request, failed
+        raise server_error(f"chat template error: {e}")
+
+
+def _reasoning_format(body: dict[str, Any], s: ServerSettings) -> str:
+    v = body.get("reasoning_format")
+    return v if isinstance(v, str) and v in REASONING_FORMATS else s.reasoning_format
+
+
+def render_chat_full(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings) -> RenderedChat:
     check_chat(body)
+    treq: ToolRequest = read_tool_request(body, tmpl, s.jinja)
     messages = _validate_messages(body)
     if tmpl is None:
         raise server_error("this model has no chat template")
-    kwargs = _template_kwargs(body, s)
+    kwargs = _template_kwargs(body, s, tmpl)
+    if treq.polyfill and treq.tools:
+        messages = polyfill_messages(messages, treq)
 
     agp_given = body.get("add_generation_prompt") is not None
     add_generation_prompt = body.get("add_generation_prompt", True)
@@ -106,26 +153,44 @@ def render_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSe
         last = messages.pop()
         if messages and messages[-1].get("role") == "assistant":
             raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
-        if kwargs.get("enable_thinking") is True:
+        if kwargs.get("enable_thinking") is True and "enable_thinking" in _explicit_kwargs(body, s):
             raise invalid("Assistant response prefill is incompatible with enable_thinking.")
         add_generation_prompt = True
-    try:
-        prompt = tmpl.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
-    except ValueError as e:  # MessageFormatError carries llama-server's status (400, or 500)
-        if getattr(e, "status", 400) >= 500:
-            raise server_error(str(e))
-        raise invalid(str(e))
-    except ApiError:
-        raise
-    except Exception as e:  # noqa: BLE001 - jinja runtime errors: the template, not the request, failed
-        raise server_error(f"chat template error: {e}")
+    prompt = _render(tmpl, messages, add_generation_prompt, treq.tools, kwargs)
+    with_gp = prompt if add_generation_prompt else _try_render(tmpl, messages, True, treq.tools, kwargs)
+    without_gp = _try_render(tmpl, messages, False, treq.tools, kwargs)
+    gen = generation_prompt(with_gp, without_gp) if with_gp is not None and without_gp is not None else ""
     if last is not None:
         prompt += str(last.get("content") or "")
-    return prompt
+        gen += str(last.get("content") or "")
+    syntax = build_syntax(treq, tmpl, _reasoning_format(body, s), gen, s.skip_chat_parsing)
+    return RenderedChat(prompt, gen, syntax)
+
+
+def _try_render(tmpl: ChatTemplateLike, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]) -> str | None:
+    try:
+        return _render(tmpl, messages, add_generation_prompt, tools, kwargs)
+    except ApiError:
+        return None
+
+
+def _explicit_kwargs(body: dict[str, Any], s: ServerSettings) -> set[str]:
+    keys = set(s.chat_template_kwargs)
+    req = body.get("chat_template_kwargs")
+    if isinstance(req, dict):
+        keys |= set(req)
+    return keys
 
 
 def chat_to_completion(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings) -> dict[str, Any]:
     """The completion-field body equivalent to a chat body (``prompt`` = rendered chat)."""
+    return prepare_chat(body, tmpl, s)[0]
+
+
+def prepare_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings
+                 ) -> tuple[dict[str, Any], ChatSyntax]:
+    """``chat_to_completion`` plus how the output of this request is parsed."""
     params: dict[str, Any] = {}
     stop = body.get("stop")
     params["stop"] = [stop] if isinstance(stop, str) else (stop if stop is not None else [])
@@ -142,9 +207,13 @@ def chat_to_completion(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: S
         if rtype not in ("", "text"):
             raise invalid(f'response_format type must be one of "text" or "json_object", but got: {rtype}')
 
-    params["prompt"] = render_chat(body, tmpl, s)
+    rendered = render_chat_full(body, tmpl, s)
+    params["prompt"] = rendered.prompt
+    params["generation_prompt"] = rendered.generation_prompt
 
     if body.get("logprobs") is True:
+        if rendered.syntax.tools is not None and body.get("stream") is True:
+            raise invalid("logprobs is not supported with tools + stream")
         top = body.get("top_logprobs")
         params["n_probs"] = 20 if top is None else top
     elif body.get("top_logprobs") is not None:
@@ -153,4 +222,4 @@ def chat_to_completion(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: S
     for k, v in body.items():
         if k not in params or k == "n_predict":
             params[k] = v
-    return params
+    return params, rendered.syntax

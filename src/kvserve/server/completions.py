@@ -17,7 +17,7 @@ from starlette.responses import Response
 from kvserve.engine.request import CacheIdentity, ErrorEvent, GenerationRequest
 from kvserve.server import responses as R
 from kvserve.server import sse
-from kvserve.server.chat import chat_to_completion
+from kvserve.server.chat import prepare_chat
 from kvserve.server.dispatch import ClientGone, Dispatch, error_of
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid
@@ -59,7 +59,11 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
                 if not isinstance(body[name], (str, list)):
                     raise invalid(f'"{name}" must be a string or an array of strings and tokens')
             extra = validate_input_extra(body.get("input_extra"))
-        data = chat_to_completion(body, engine.chat_template, s) if kind is Kind.OAI_CHAT else body
+        syntax = None
+        if kind is Kind.OAI_CHAT:
+            data, syntax = prepare_chat(body, engine.chat_template, s)
+        else:
+            data = body
         if kind is Kind.INFILL:
             prompt = data.get("prompt", "")
             prompt_tokens = tokenize_mixed(tok, prompt if isinstance(prompt, (str, list)) else "", False, True)
@@ -71,6 +75,9 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
                 raise invalid("[json.exception.out_of_range.403] key 'prompt' not found")
             prompts = tokenize_prompts(tok, data["prompt"], True, True)
             params = parse_completion_params(data, s, tok)
+            if syntax is not None:
+                params.chat_syntax = syntax
+                params.chat_format = "peg-native" if s.jinja else "Content-only"
         for p in prompts:
             validate_tokens(p, tok.n_vocab)
     except ApiError:

@@ -14,6 +14,7 @@ from typing import Any
 from kvserve.engine.request import RequestParams
 from kvserve.engine.sampling_params import SamplingParams, parse_samplers
 from kvserve.server import fields as F
+from kvserve.server.chat_parsing import ChatSyntax
 from kvserve.server.engine_api import TokenizerLike
 from kvserve.server.errors import invalid
 from kvserve.server.settings import SAMPLING_DEFAULTS, ServerSettings
@@ -37,6 +38,7 @@ class CompletionParams:
     reasoning_format: str = "deepseek"
     chat_format: str = "Content-only"
     generation_prompt: str = ""
+    chat_syntax: ChatSyntax | None = None  # chat requests: how the output is parsed
 
     def child(self, j: int) -> RequestParams:
         """Parameters of the j-th of n_cmpl parallel samples: seed + j (unless random), any slot."""

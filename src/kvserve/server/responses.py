@@ -15,6 +15,7 @@ from typing import Any
 
 from kvserve.engine.request import FinalEvent, TokenProb
 from kvserve.engine.stats import timings as engine_timings
+from kvserve.server.chat_parsing import ChatMsg, parse_final
 from kvserve.server.gensettings import generation_settings
 from kvserve.server.params import CompletionParams
 
@@ -82,8 +83,16 @@ def probs_json(probs: Sequence[TokenProb], post_sampling: bool) -> list[dict[str
     return [prob_entry(p, post_sampling) for p in probs]
 
 
-def finish_reason(stop_type: str) -> str:
-    return "stop" if stop_type in ("eos", "word") else "length"
+def finish_reason(stop_type: str, has_tool_calls: bool = False) -> str:
+    if stop_type in ("eos", "word"):
+        return "tool_calls" if has_tool_calls else "stop"
+    return "length"
+
+
+def chat_message(ev: FinalEvent, params: CompletionParams) -> ChatMsg:
+    """The assistant message of a chat result: reasoning and tool calls parsed out."""
+    syntax = params.chat_syntax
+    return parse_final(syntax, ev.content) if syntax is not None else ChatMsg(ev.content)
 
 
 # ---------------------------------------------------------------------------------------
@@ -150,8 +159,9 @@ def oai_completion(ev: FinalEvent, ctx: ResponseContext) -> dict[str, Any]:
 
 def oai_chat(ev: FinalEvent, ctx: ResponseContext) -> dict[str, Any]:
     req = ctx.params.child(ev.index % max(1, ctx.params.n_cmpl))
-    choice: dict[str, Any] = {"finish_reason": finish_reason(ev.stop_type), "index": ev.index,
-                              "message": {"role": "assistant", "content": ev.content}}
+    msg = chat_message(ev, ctx.params)
+    choice: dict[str, Any] = {"finish_reason": finish_reason(ev.stop_type, bool(msg.tool_calls)),
+                              "index": ev.index, "message": msg.to_oai()}
     if req.n_probs > 0:
         choice["logprobs"] = {"content": probs_json(ev.probs, req.post_sampling_probs)}
     return _oai_final(ev, ctx, choice, "chat.completion")

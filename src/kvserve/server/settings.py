@@ -129,6 +129,8 @@ class ServerSettings:
     spm_infill: bool = False
     prefill_assistant: bool = True
     reasoning_format: str = "deepseek"
+    reasoning: str = "auto"  # -rea: on | off | auto
+    skip_chat_parsing: bool = False
     jinja: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     sampling_defaults: dict[str, Any] = field(default_factory=lambda: dict(SAMPLING_DEFAULTS))
@@ -197,6 +199,8 @@ class ServerSettings:
             spm_infill=bool(_pick(cfg, False, "spm_infill")),
             prefill_assistant=bool(_pick(cfg, True, "prefill_assistant")),
             reasoning_format=str(_pick(cfg, d.reasoning_format, "reasoning_format")),
+            reasoning=str(_pick(cfg, d.reasoning, "reasoning")),
+            skip_chat_parsing=bool(_pick(cfg, False, "skip_chat_parsing")),
             jinja=bool(_pick(cfg, True, "jinja")),
             chat_template_kwargs=dict(kwargs),
             sampling_defaults=sampling,

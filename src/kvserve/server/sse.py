@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from kvserve.engine.request import EngineEvent, ErrorEvent, FinalEvent, ProgressEvent, TokenEvent
 from kvserve.server import responses as R
+from kvserve.server.chat_parsing import ChatStream
 from kvserve.server.errors import ApiError
 from kvserve.server.dispatch import ClientGone, Disconnectable, Dispatch, error_event_body
 from kvserve.server.jsonio import dumps
@@ -106,6 +107,18 @@ class OAIChatFormat(NativeFormat):
     def __init__(self, ctx: R.ResponseContext):
         super().__init__(ctx)
         self.started: set[int] = set()
+        self.syntax = ctx.params.chat_syntax
+        self.parsing = self.syntax is not None and not self.syntax.is_plain
+        self.streams: dict[int, ChatStream] = {}
+
+    def _stream(self, index: int) -> ChatStream:
+        if index not in self.streams:
+            assert self.syntax is not None
+            self.streams[index] = ChatStream(self.syntax)
+        return self.streams[index]
+
+    def _diff_chunks(self, index: int, deltas: list[dict[str, Any]]) -> list[Any]:
+        return [self._chunk([{"finish_reason": None, "index": index, "delta": d}]) for d in deltas]
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         c = self.ctx
@@ -126,7 +139,12 @@ class OAIChatFormat(NativeFormat):
         out = self._begin(ev.index)
         req = self.ctx.params.req
         has_lp = req.n_probs > 0 and bool(ev.probs)
-        if ev.text or has_lp:
+        if self.parsing:
+            diffs = self._diff_chunks(ev.index, [d.to_delta() for d in self._stream(ev.index).update(ev.text)])
+            if diffs and has_lp:
+                diffs[-1]["choices"][0]["logprobs"] = {"content": R.probs_json(ev.probs, req.post_sampling_probs)}
+            out += diffs
+        elif ev.text or has_lp:
             choice: dict[str, Any] = {"finish_reason": None, "index": ev.index, "delta": {"content": ev.text}}
             if has_lp:
                 choice["logprobs"] = {"content": R.probs_json(ev.probs, req.post_sampling_probs)}
@@ -142,7 +160,13 @@ class OAIChatFormat(NativeFormat):
 
     def final(self, ev: FinalEvent) -> list[Any]:
         out = self._begin(ev.index)
-        out.append(self._chunk([{"finish_reason": R.finish_reason(ev.stop_type), "index": ev.index, "delta": {}}]))
+        has_calls = False
+        if self.parsing:
+            stream = self._stream(ev.index)
+            out += self._diff_chunks(ev.index, [d.to_delta() for d in stream.finish(ev.content)])
+            has_calls = bool(stream.msg.tool_calls)
+        out.append(self._chunk([{"finish_reason": R.finish_reason(ev.stop_type, has_calls), "index": ev.index,
+                                 "delta": {}}]))
         if self.ctx.params.include_usage:
             u = self._chunk([])
             u["usage"] = R.usage(ev.n_prompt, ev.n_decoded, ev.n_cached)

@@ -37,8 +37,6 @@ REFUSED_FIELDS: list[tuple[str, str]] = [(k, f"{why} (any non-empty value)") for
     ("best_of", "use 'n' for several completions (> 1)"),
     ("suffix", "use /infill for fill-in-the-middle (non-empty)"),
     ("modalities", "audio output is not implemented (contains \"audio\")"),
-    ("tools", "tool calling is not implemented (non-empty, chat)"),
-    ("tool_choice", "tool calling is not implemented (other than auto/none, chat)"),
     ("audio", "audio output is not implemented (chat)"),
     ("messages[].content[].type", "multimodal input is not implemented (image_url, input_audio, input_video, "
      "audio_url, video_url parts)"),
@@ -69,11 +67,5 @@ def check_completion(body: dict[str, Any]) -> None:
 
 def check_chat(body: dict[str, Any]) -> None:
     """Chat-only fields (before conversion to completion parameters)."""
-    tools = body.get("tools")
-    if isinstance(tools, list) and tools:
-        raise unsupported_field("tools", "tool calling is not implemented")
-    tool_choice = body.get("tool_choice")
-    if tool_choice is not None and tool_choice not in ("auto", "none"):
-        raise unsupported_field("tool_choice", "tool calling is not implemented")
     if _truthy(body.get("audio")):
         raise unsupported_field("audio", "audio output is not implemented")
