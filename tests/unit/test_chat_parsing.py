@@ -109,6 +109,18 @@ def test_hermes_truncated_call_keeps_what_was_generated() -> None:
     assert msg.tool_calls[0].name == "python" and msg.tool_calls[0].arguments == '{"code": "pri'
 
 
+def test_hermes_bare_json_call_without_tags() -> None:
+    # small models (Qwen2.5-Coder-0.5B) often drop the <tool_call> tags
+    out = '{"name": "get_weather", "arguments": {"location": "Istanbul"}}'
+    msg = check(HERMES, out)
+    assert msg.content == "" and calls_of(msg) == [("get_weather", {"location": "Istanbul"})]
+    msg = check(HERMES, '```json\n' + out + '\n```')
+    assert calls_of(msg) == [("get_weather", {"location": "Istanbul"})]
+    # JSON that is not a call of a known tool stays content
+    assert check(HERMES, '{"name": "Bob", "age": 3}').content == '{"name": "Bob", "age": 3}'
+    assert check(HERMES, '```python\nprint(1)\n```').content == '```python\nprint(1)\n```'
+
+
 # --- Llama 3.x --------------------------------------------------------------------------------
 
 LLAMA3 = ChatSyntax(tools=Llama3Format(NAMES))

@@ -71,7 +71,23 @@ class ChatSyntax:
             reasoning, rest = split_reasoning(text, self.think, self.opened, is_partial)
         if self.tools is None:
             return ChatMsg(rest, reasoning)
-        content, calls = self.tools.parse(rest, is_partial)
+        own_json = isinstance(self.tools, (GenericFormat, Llama3Format))  # these read bare JSON themselves
+        bare = None if own_json else self._bare_json(rest, is_partial)
+        content, calls = bare if bare is not None else self.tools.parse(rest, is_partial)
         if not self.parallel:
             calls = calls[:1]
         return ChatMsg(content, reasoning, calls)
+
+    def _bare_json(self, text: str, is_partial: bool) -> tuple[str, list[ToolCall]] | None:
+        """A reply that is only a JSON call (``{"name": …, "arguments": …}``, maybe fenced), as
+        small models write it without their family's markers. None: not such a reply."""
+        lead = text.lstrip()
+        if not (lead.startswith("{") or lead.startswith("```") or (is_partial and "```".startswith(lead))):
+            return None
+        if not lead:
+            return None
+        generic = GenericFormat(getattr(self.tools, "tool_names", frozenset()), self.parallel)
+        content, calls = generic.parse(text, is_partial)
+        if calls or (is_partial and content == ""):
+            return "", calls
+        return None
