@@ -44,7 +44,10 @@ def build_engine(cfg: Config):
         "model loaded: %s (%s, %d layers) in %.1f s", loaded.cfg.name, loaded.cfg.arch, loaded.cfg.n_layer, loaded.load_s
     )
     tokenizer = Tokenizer.from_metadata(loaded.metadata)
-    template = ChatTemplate.from_metadata(loaded.metadata, s.chat_template)
+    try:
+        template = ChatTemplate.from_metadata(loaded.metadata, s.chat_template, jinja=s.jinja)
+    except ValueError as err:
+        raise ConfigError(f"error: {err}") from None
     plan = e.ctx_plan(loaded.cfg.n_ctx_train)
     opts = EngineOptions(
         n_slots=plan.n_parallel,

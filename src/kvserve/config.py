@@ -11,16 +11,19 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from kvserve.args import (
+    FEATURES,
     INT_MAX,
+    KV_CACHE_TYPES_SUPPORTED,
     ConfigError,
     ExitRequest,
     ParsedArgs,
     Warn,
+    flags_for_dest,
     parse_args,
     process_escapes,
 )
@@ -74,6 +77,10 @@ class ServerConfig:
     skip_chat_parsing: bool  # chat output is never parsed (content only)
     slot_save_path: str | None  # existing directory, ends with a separator
     ui: bool  # always False: kvserve has no web UI
+    prefill_assistant: bool = True
+    reuse_port: bool = False
+    # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
+    unsupported_features: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def model_name(self) -> str:
@@ -242,6 +249,18 @@ def _threads(parsed: ParsedArgs, dest: str) -> int | None:
     return (os.cpu_count() or 1) if parsed.explicit(dest) else None
 
 
+def _unsupported_features(parsed: ParsedArgs) -> dict[str, str]:
+    """Features a given flag asks for that kvserve lacks, with the message a request using them gets."""
+    out: dict[str, str] = {}
+    for feature, (dests, why) in FEATURES.items():
+        given = [d for d in dests if parsed.explicit(d) and not flags_for_dest(d)[0].is_default(parsed[d])]
+        if given:
+            out[feature] = f"{why} (kvserve was started with {parsed.source(given[0])})"
+    if parsed["pooling"] == "rank":
+        out["rerank"] = "reranking is not supported (kvserve was started with --pooling rank)"
+    return out
+
+
 def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     """Turn parsed flag values into the frozen config, applying the startup rules of spec §1.3."""
     emit = warn or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -272,6 +291,11 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         note(f"warn: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({n_ubatch}); "
              f"setting n_batch = n_ubatch = {n_ubatch}")
         n_batch = n_ubatch
+    kv_k, kv_v = (t if t in KV_CACHE_TYPES_SUPPORTED else "f16" for t in (v["cache_type_k"], v["cache_type_v"]))
+    cors_origins = v["cors_origins"]
+    if (v["tools"] or v["agent"] or v["mcp_servers_config"] or v["mcp_servers_json"]) and not parsed.explicit(
+            "cors_origins"):
+        cors_origins = "localhost"  # llama-server's post-parse rule for tools and MCP servers
     cache_idle_slots = v["cache_idle_slots"]
     if cache_idle_slots and v["cache_ram_mib"] == 0:
         note("warn: --cache-idle-slots requires --cache-ram (it is 0); disabling --cache-idle-slots")
@@ -279,19 +303,21 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
 
     server = ServerConfig(
         host=v["host"], port=v["port"], api_prefix=v["api_prefix"], api_keys=tuple(v["api_keys"]),
-        cors_origins=v["cors_origins"], cors_methods=v["cors_methods"], cors_headers=v["cors_headers"],
+        cors_origins=cors_origins, cors_methods=v["cors_methods"], cors_headers=v["cors_headers"],
         cors_credentials=v["cors_credentials"], endpoint_slots=v["endpoint_slots"],
         endpoint_metrics=v["endpoint_metrics"], endpoint_props=v["endpoint_props"], timeout=v["timeout"],
         sse_ping_interval=v["sse_ping_interval"], threads_http=v["threads_http"], model_path=model_path,
         aliases=tuple(sorted(aliases)), tags=tuple(v["tags"]), verbosity=v["verbosity"],
         log_disable=v["log_disable"], log_file=v["log_file"] or None, special=v["special"],
         reverse_prompt=tuple(esc(s) for s in v["reverse_prompt"]), spm_infill=v["spm_infill"],
-        embedding=v["embedding"], pooling=v["pooling"], embd_normalize=v["embd_normalize"],
+        embedding=v["embedding"], pooling=None if v["pooling"] == "rank" else v["pooling"],
+        embd_normalize=v["embd_normalize"],
         jinja=v["jinja"], chat_template=v["chat_template"] or None,
         chat_template_kwargs=MappingProxyType(kwargs), slot_save_path=v["slot_save_path"] or None,
         reasoning_format=v["reasoning_format"] if parsed.explicit("reasoning_format") else "deepseek",
         reasoning=v["reasoning"], skip_chat_parsing=v["skip_chat_parsing"],
-        ui=False,
+        ui=False, prefill_assistant=v["prefill_assistant"], reuse_port=v["reuse_port"],
+        unsupported_features=MappingProxyType(_unsupported_features(parsed)),
     )
     engine = EngineConfig(
         model_path=model_path, dtype=v["dtype"], device=v["device"], n_ctx=v["n_ctx"],
@@ -300,8 +326,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         cont_batching=v["cont_batching"], cache_prompt=v["cache_prompt"], cache_reuse=v["cache_reuse"],
         slot_prompt_similarity=v["slot_prompt_similarity"], cache_ram_mib=v["cache_ram_mib"],
         cache_idle_slots=cache_idle_slots, context_shift=v["context_shift"], swa_full=v["swa_full"],
-        n_keep=v["n_keep"], n_predict=v["n_predict"], cache_type_k=v["cache_type_k"],
-        cache_type_v=v["cache_type_v"], threads=_threads(parsed, "threads"),
+        n_keep=v["n_keep"], n_predict=v["n_predict"], cache_type_k=kv_k,
+        cache_type_v=kv_v, threads=_threads(parsed, "threads"),
         threads_batch=_threads(parsed, "threads_batch"), flash_attn=v["flash_attn"], warmup=v["warmup"],
         embedding=v["embedding"],
     )

@@ -159,9 +159,11 @@ def test_slot_action_errors(url: str, body: Any, status: int, message: str) -> N
 def test_slot_actions_reach_engine() -> None:
     c, eng = client(slot_save_path="/tmp/slots/", api_keys=("key",))
     h = {"Authorization": "Bearer key"}
-    assert c.post("/slots/5?action=save", json={"filename": "s.bin"}, headers=h).json()["n_saved"] == 5
+    assert c.post("/slots/3?action=save", json={"filename": "s.bin"}, headers=h).json()["n_saved"] == 5
     assert c.post("/slots/1?action=erase", headers=h).json() == {"id_slot": 1, "n_erased": 5}
-    assert eng.slot_calls == [(5, "save", "s.bin", "key"), (1, "erase", "", "key")]
+    assert eng.slot_calls == [(3, "save", "s.bin", "key"), (1, "erase", "", "key")]
+    r = c.post("/slots/4?action=save", json={"filename": "s.bin"}, headers=h)  # 4 slots: 0..3
+    assert r.status_code == 400 and r.json()["error"]["message"] == "Invalid slot ID"
 
 
 def test_props_post_and_get() -> None:

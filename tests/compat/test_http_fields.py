@@ -169,11 +169,31 @@ def test_not_an_object_body(http) -> None:  # type: ignore[no-untyped-def]
     assert c.post("/completion", json=[1, 2]).status_code == 400
 
 
-def test_malformed_json_is_500(http) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("raw", [b'{"prompt": NaN}', b"{no", b"", b'{"prompt": "x"', b"[" * 100000])
+def test_malformed_json_is_400(http, raw: bytes) -> None:  # type: ignore[no-untyped-def]
     c, _ = http
-    r = c.post("/completion", content=b'{"prompt": NaN}')
-    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
-    assert r.json()["error"]["message"].startswith("[json.exception.parse_error.101]")
+    for path in ("/completion", "/v1/chat/completions", "/tokenize", "/apply-template", "/v1/embeddings"):
+        r = c.post(path, content=raw)
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == 400
+        assert err["message"].startswith("[json.exception.parse_error.101]")
+
+
+def test_invalid_utf8_body_is_400(http) -> None:  # type: ignore[no-untyped-def]
+    c, _ = http
+    r = c.post("/completion", content=b'{"prompt": "\xff\xfe"}')
+    assert r.status_code == 400
+    assert r.json()["error"] == {"code": 400, "type": "invalid_request_error",
+                                 "message": "[json.exception.parse_error.316] invalid UTF-8 byte at index 12: 0xFF"}
+
+
+@pytest.mark.parametrize("id_slot", [4, 99, -2])
+def test_unknown_id_slot_is_400(http, id_slot: int) -> None:  # type: ignore[no-untyped-def]
+    c, _ = http  # the fake engine has 4 slots
+    r = c.post("/completion", json={"prompt": "x", "id_slot": id_slot, "n_predict": 1})
+    assert r.status_code == 400 and f"Invalid id_slot: {id_slot}" in r.json()["error"]["message"]
+    assert c.post("/completion", json={"prompt": "x", "id_slot": 3, "n_predict": 1}).status_code == 200
 
 
 # --- refused fields ---------------------------------------------------------------------

@@ -10,8 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import GOLDEN_DIR
+
 from .live import start_server
-from .test_http_golden import CASES, GOLDEN, same_shape
+from .test_http_golden import CASES, expected, same_shape
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +27,7 @@ def live(request, gemma_path):
     if request.param == "gemma3":
         args += ["-m", gemma_path]
     srv = start_server(*args)
-    gold = json.loads((GOLDEN.parent / f"responses-{request.param}.json").read_text())["responses"]
+    gold = json.loads((GOLDEN_DIR / f"responses-{request.param}.json").read_text())["responses"]
     yield srv, gold
     srv.stop()
 
@@ -33,7 +35,7 @@ def live(request, gemma_path):
 @pytest.mark.parametrize("name,method,path,body", CASES, ids=[c[0] for c in CASES])
 def test_real_body_shapes(live, name: str, method: str, path: str, body: Any) -> None:
     srv, gold = live
-    status, want = gold[name]
+    status, want = expected(name, gold)
     body = REQUEST_OVERRIDES.get(name, body)
     if isinstance(body, bytes):
         r = httpx.request(method, srv.url + path, content=body, timeout=120)

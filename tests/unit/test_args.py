@@ -98,14 +98,16 @@ def sample(spec: FlagSpec, tmp: Path, second: bool = False) -> tuple[list[str], 
         text, expected = ("3.5", 3.5) if second else ("2.5", 2.5)
     else:
         text, expected = ("other", "other") if second else ("value", "value")
+    if spec.nargs > 1:
+        return [spec.names[-1], *[text] * spec.nargs], " ".join([text] * spec.nargs), expected
     return [spec.names[-1], text], text, expected
 
 
 PARSED_FLAGS = [s for s in FLAGS if s.action is None]
-IMPL = [s for s in PARSED_FLAGS if s.status == A.IMPLEMENTED and s.dest not in ("jinja", "prefill_assistant")]
-# implemented only at their default: the other value is refused (tested below)
-ONLY_DEFAULT = [s for s in PARSED_FLAGS if s.dest in ("jinja", "prefill_assistant")]
+REMOVED = [s for s in PARSED_FLAGS if s.dest.endswith("_removed")]  # removed by llama.cpp itself
+IMPL = [s for s in PARSED_FLAGS if s.status == A.IMPLEMENTED and s not in REMOVED]
 REFUSED = [s for s in PARSED_FLAGS if s.status == A.REFUSED_STATUS]
+WARNED = [s for s in PARSED_FLAGS if s.status == A.WARNED_STATUS]
 ids = [s.names[-1] for s in FLAGS]
 
 
@@ -118,15 +120,16 @@ def test_table_is_consistent() -> None:
     names = [n for s in FLAGS for n in s.all_names]
     assert len(names) == len(set(names))
     for s in FLAGS:
-        assert s.status in (A.IMPLEMENTED, A.REFUSED_STATUS)
+        assert s.status in (A.IMPLEMENTED, A.REFUSED_STATUS, A.WARNED_STATUS)
         assert s.status == A.IMPLEMENTED or s.reason
         assert s.dest.isidentifier() and s.dest == s.dest.lower()
         assert (s.type is ArgType.BOOL) == bool(s.neg_names)
-        assert s.env is None or s.env.startswith(("LLAMA_ARG_", "LLAMA_API_KEY", "KVSERVE_ARG_"))
+        assert s.env is None or s.env.startswith(("LLAMA_ARG_", "LLAMA_API_KEY", "KVSERVE_ARG_", "MTMD_"))
         if s.kvserve_only:
             assert s.env is None or s.env.startswith("KVSERVE_ARG_")
-    for dest in A.REFUSED:
+    for dest in (*A.REFUSED, *A.WARNED, *A.WARNED_VALUES):
         assert A.flags_for_dest(dest), dest
+    assert not set(A.REFUSED) & set(A.WARNED)
     for dest in A.REFUSED_VALUES:
         assert A.flags_for_dest(dest), dest
 
@@ -249,38 +252,85 @@ def test_refused_flag_at_default_is_fine(spec: FlagSpec) -> None:
 
 
 @pytest.mark.parametrize(("argv", "shown"), [
-    (["--host", "/tmp/k.sock"], "--host /tmp/k.sock"),
-    (["--host", "127.0.0.1,::1"], "--host 127.0.0.1,::1"),
-    (["-ctk", "q8_0"], "-ctk q8_0"),
-    (["--cache-type-v", "q4_0"], "--cache-type-v q4_0"),
-    (["--no-jinja"], "--no-jinja"),
-    (["--no-prefill-assistant"], "--no-prefill-assistant"),
-    (["--pooling", "rank"], "--pooling rank"),
     (["--ui"], "--ui"),
-    (["--mmproj-auto"], "--mmproj-auto"),
+    (["--rope-freq-base", "10000"], "--rope-freq-base"),
+    (["--lora", "x.gguf"], "--lora"),
+    (["--control-vector-layer-range", "1", "4"], "--control-vector-layer-range"),
+    (["--gpt-oss-20b-default"], "--gpt-oss-20b-default"),
 ])
-def test_refused_values_of_implemented_flags(argv: list[str], shown: str) -> None:
+def test_refusals_that_would_change_every_answer(argv: list[str], shown: str) -> None:
     assert error_of(argv).startswith(f"error: {shown} is not supported by kvserve: ")
 
 
-@pytest.mark.parametrize("spec", ONLY_DEFAULT, ids=_id)
-def test_flags_implemented_only_at_default(spec: FlagSpec) -> None:
-    assert parse([spec.names[0]])[0][spec.dest] is True
-    assert parse([], {spec.env or "": "1"})[0][spec.dest] is True
-    assert "is not supported by kvserve" in error_of([spec.neg_names[0]])
-    neg_env = (spec.env or "").replace("LLAMA_ARG_", "LLAMA_ARG_NO_")
-    assert "is not supported by kvserve" in error_of([], {neg_env: "1"})
+# --- flags accepted with a warning ---------------------------------------------------------------
+@pytest.mark.parametrize("spec", WARNED, ids=_id)
+def test_warned_flag_starts_with_one_warning(spec: FlagSpec, tmp_path: Path) -> None:
+    cli, env_text, expected = sample(spec, tmp_path)
+    parsed, warnings = parse(cli)
+    assert parsed[spec.dest] == expected
+    assert warnings == [f"warn: {cli[0]} is accepted but has no effect in kvserve: {spec.reason}"]
+    assert parsed.warnings == tuple(warnings)
+    if spec.env is not None and env_text is not None:
+        _, warnings = parse([], {spec.env: env_text})
+        assert warnings == [f"warn: {spec.env} is accepted but has no effect in kvserve: {spec.reason}"]
+    assert parse([])[1] == []  # at its default: silent
 
 
-def test_refused_value_from_env_names_the_variable() -> None:
-    msg = error_of([], {"LLAMA_ARG_CACHE_TYPE_K": "q8_0"})
-    assert msg.startswith("error: LLAMA_ARG_CACHE_TYPE_K=q8_0 is not supported by kvserve")
-    assert error_of([], {"LLAMA_ARG_JINJA": "off"}).startswith("error: LLAMA_ARG_JINJA is not supported")
+@pytest.mark.parametrize(("argv", "shown"), [
+    (["-ctk", "q8_0"], "-ctk q8_0"),
+    (["--cache-type-v", "q4_0"], "--cache-type-v q4_0"),
+    (["--pooling", "rank"], "--pooling rank"),
+])
+def test_warned_values_of_implemented_flags(argv: list[str], shown: str) -> None:
+    _, warnings = parse(argv)
+    assert len(warnings) == 1 and warnings[0].startswith(f"warn: {shown} is accepted but has no effect in kvserve: ")
+
+
+def test_lora_without_apply_only_warns() -> None:
+    _, warnings = parse(["--lora", "a.gguf", "--lora-init-without-apply"])
+    assert [w.split(" is ")[0] for w in warnings] == ["warn: --lora a.gguf", "warn: --lora-init-without-apply"]
+
+
+def test_flags_once_refused_now_start(tmp_path: Path) -> None:
+    argv = ["--no-jinja", "--no-prefill-assistant", "--host", "127.0.0.1,::1", "--reuse-port", "--reasoning", "off",
+            "--media-path", str(tmp_path), "--tools", "all", "--ui-mcp-proxy", "--backend_sampling", "--spec-type",
+            "ngram-mod", "-ngl", "99", "--mmproj-auto", "--spec-synth-len", "3", "-kvo", "--numa", "distribute"]
+    parsed, _ = parse(argv)
+    assert parsed["jinja"] is False and parsed["prefill_assistant"] is False
+    assert parsed["host"] == "127.0.0.1,::1" and parsed["reuse_port"] is True
+
+
+@pytest.mark.parametrize("spec", REMOVED, ids=_id)
+def test_removed_flags_fail_like_llama_server(spec: FlagSpec) -> None:
+    assert "the argument has been removed. use " in error_of([spec.names[-1], "3"])
+
+
+@pytest.mark.parametrize(("flag", "text"), [("--cache-list", "number of models in cache: 0"),
+                                             ("--completion-bash", "complete -F"),
+                                             ("--list-devices", "Available devices:")])
+def test_action_flags_print_and_exit(flag: str, text: str) -> None:
+    with pytest.raises(ExitRequest) as ei:
+        parse([flag])
+    assert text in ei.value.text and ei.value.code == 0
+
+
+def test_warned_value_from_env_names_the_variable() -> None:
+    _, warnings = parse([], {"LLAMA_ARG_CACHE_TYPE_K": "q8_0"})
+    assert warnings[0].startswith("warn: LLAMA_ARG_CACHE_TYPE_K=q8_0 is accepted but has no effect in kvserve")
+    assert parse([], {"LLAMA_ARG_JINJA": "off"})[0]["jinja"] is False
 
 
 def test_all_refusals_reported_at_once() -> None:
-    lines = error_of(["--hf-repo", "a/b", "--no-jinja", "--lora", "x"]).splitlines()
+    lines = error_of(["--hf-repo", "a/b", "--rope-scale", "2", "--lora", "x"]).splitlines()
     assert len(lines) == 3 and all("is not supported by kvserve" in line for line in lines)
+
+
+def test_every_llama_server_flag_is_accepted() -> None:
+    """Every option name in llama-server b10621's ``--help`` (tests/golden/llama-server-flags.txt)."""
+    table = {n for s in FLAGS for n in s.all_names}
+    names = (ROOT / "tests" / "golden" / "llama-server-flags.txt").read_text().split()
+    assert len(names) > 300
+    assert [n for n in names if n not in table] == []
 
 
 def test_no_ui_and_no_mmproj_are_accepted() -> None:

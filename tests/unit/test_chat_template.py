@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from kvserve.model.chat_template import (
-    BUILTIN_TEMPLATES,
     CHATML_TEMPLATE,
     ChatTemplate,
     ChatTemplateError,
@@ -61,7 +60,7 @@ def test_gemma_without_template_falls_back_to_chatml(gemma_meta: dict[str, Any])
     assert "tokenizer.chat_template" not in gemma_meta
     tmpl = ChatTemplate.from_metadata(gemma_meta)
     assert tmpl.source == CHATML_TEMPLATE
-    assert tmpl.builtin == "chatml"
+    assert tmpl.builtin is None  # rendered as Jinja, like llama-server with --jinja
     assert tmpl.has_explicit_template is False
     assert tmpl.add_bos is True
 
@@ -118,20 +117,35 @@ BUILTIN_EXPECTED = {
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN_EXPECTED))
-def test_builtin_templates(smollm_meta: dict[str, Any], name: str) -> None:
-    tmpl = ChatTemplate.from_metadata(smollm_meta, name)
+def test_builtin_names_without_jinja(smollm_meta: dict[str, Any], name: str) -> None:
+    tmpl = ChatTemplate.from_metadata(smollm_meta, name, jinja=False)
     assert tmpl.builtin == name
-    assert tmpl.source == BUILTIN_TEMPLATES[name]
     assert tmpl.render(CONVERSATION) == BUILTIN_EXPECTED[name]
+
+
+def test_builtin_name_with_jinja_is_literal_text(smollm_meta: dict[str, Any]) -> None:
+    # llama-server b10621 with --jinja --chat-template llama3 renders the text "llama3" (recorded)
+    tmpl = ChatTemplate.from_metadata(smollm_meta, "llama3")
+    assert tmpl.builtin is None and tmpl.render(CONVERSATION) == "llama3"
+    assert ChatTemplate.from_metadata(smollm_meta, "This is not").render([USER]) == "This is not"
 
 
 def test_chatml_override_is_llama_server_source(smollm_meta: dict[str, Any]) -> None:
     assert ChatTemplate.from_metadata(smollm_meta, "chatml").source == CHATML_TEMPLATE
+    assert ChatTemplate.from_metadata(smollm_meta, "chatml", jinja=False).source == CHATML_TEMPLATE
 
 
-def test_unknown_builtin_name_is_refused(smollm_meta: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match="unsupported chat template 'vicuna'.*chatml, gemma, llama3, zephyr"):
-        ChatTemplate.from_metadata(smollm_meta, "vicuna")
+def test_without_jinja_the_model_template_is_detected(smollm_meta: dict[str, Any], gemma_meta: dict[str, Any]) -> None:
+    smol = ChatTemplate.from_metadata(smollm_meta, jinja=False)
+    assert smol.builtin == "chatml" and smol.source == smollm_meta["tokenizer.chat_template"]
+    assert ChatTemplate.from_metadata(gemma_meta, jinja=False).builtin == "chatml"  # no template: ChatML
+
+
+def test_undetectable_template_without_jinja_is_refused(smollm_meta: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match="the supplied chat template is not supported"):
+        ChatTemplate.from_metadata(smollm_meta, "{{ messages }}", jinja=False)
+    with pytest.raises(ValueError, match="try using --jinja"):
+        ChatTemplate.from_metadata(dict(smollm_meta, **{"tokenizer.chat_template": "{{ x }}"}), jinja=False)
 
 
 def test_inline_jinja_override(smollm_meta: dict[str, Any]) -> None:

@@ -6,9 +6,11 @@ field it feeds) and status. Parsing follows ``common_params_parse_ex`` (spec §1
   defaults → env vars (every row, table order) → CLI args (left to right; CLI beats env)
 
 A flag marked refused is accepted only at its default value; any other value, from the CLI
-or from the environment, is a fatal ``ConfigError`` (kvserve never accepts a flag inertly).
-Statuses live in ``REFUSED`` (whole flag) and ``REFUSED_VALUES`` (some values of an
-implemented flag): flipping a flag to implemented means deleting its line there.
+or from the environment, is a fatal ``ConfigError`` (only for values that would silently change
+every answer). A flag marked warned is accepted with one start-up warning; its feature is
+missing, and requests that would use it get a 400. Statuses live in ``REFUSED``, ``WARNED``
+(whole flag), ``REFUSED_VALUES`` and ``WARNED_VALUES`` (some values of an implemented flag):
+flipping a flag to implemented means deleting its line there.
 
 Modules: ``spec`` (``FlagSpec``, ``ArgType``, errors, ``stoi``/``stof``-style value parsing),
 ``status`` (``REFUSED``, ``REFUSED_VALUES``), ``convert`` (per-flag converters and merges),
@@ -49,6 +51,7 @@ from .spec import (
     LLAMA_DEFAULT_SEED,
     REFUSED_STATUS,
     TRUTHY,
+    WARNED_STATUS,
     ArgType,
     ConfigError,
     Convert,
@@ -64,10 +67,11 @@ from .spec import (
     stoi,
     stoul32,
 )
-from .status import KV_CACHE_TYPES_SUPPORTED, REFUSED, REFUSED_VALUES, ValueRule
+from .status import FEATURES, KV_CACHE_TYPES_SUPPORTED, REFUSED, REFUSED_VALUES, WARNED, WARNED_VALUES, ValueRule
 from .table import FL, FLAGS, B, F, I, S, V, find_flag, flags_for_dest
 
 __all__ = [
+    "FEATURES", "WARNED", "WARNED_STATUS", "WARNED_VALUES",
     "B", "COMPAT_BUILD", "DEFAULT_SAMPLERS", "F", "FALSEY", "FL", "FLAGS", "I", "IMPLEMENTED", "INT_MAX",
     "KV_CACHE_TYPES", "KV_CACHE_TYPES_SUPPORTED", "LLAMA_DEFAULT_SEED", "REFUSED", "REFUSED_STATUS",
     "REFUSED_VALUES", "S", "SAMPLER_CHARS", "SAMPLER_NAMES", "TRUTHY", "V", "ArgType", "ConfigError",

@@ -12,10 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .render import format_usage, format_value, usage_entry, version_text
+from .render import action_text, format_usage, format_value, usage_entry, version_text
 from .spec import (
     REFUSED_STATUS,
     TRUTHY,
+    WARNED_STATUS,
     ArgType,
     ConfigError,
     ExitRequest,
@@ -26,6 +27,7 @@ from .spec import (
     stof,
     stoi,
 )
+from .status import REFUSED_UNLESS
 from .table import _LOOKUP, FLAGS
 
 @dataclass(frozen=True)
@@ -145,15 +147,18 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None, *,
                 help_requested = True
             elif spec.action == "version":
                 raise ExitRequest(version_text(), stream="stderr")
+            elif spec.action is not None:
+                raise ExitRequest(action_text(spec.action))
             elif spec.type is ArgType.VOID:
                 state.set(spec, spec.const, arg)
             elif spec.type is ArgType.BOOL:
                 state.set(spec, positive, arg)
             else:
-                if i + 1 >= len(argv):
+                if i + spec.nargs >= len(argv):
                     raise ValueError("expected value for argument")
-                i += 1
-                state.set(spec, _convert(spec, argv[i], state.warn), arg)
+                text = " ".join(argv[i + 1 : i + 1 + spec.nargs])
+                i += spec.nargs
+                state.set(spec, _convert(spec, text, state.warn), arg)
         except ValueError as e:
             raise ConfigError(f'error while handling argument "{arg}": {e}\n\nusage:\n{usage_entry(spec)}\n'
                               "to show complete usage, run with -h") from None
@@ -163,7 +168,43 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None, *,
         raise ExitRequest(format_usage())
     parsed = ParsedArgs(dict(state.values), dict(state.sources), dict(state.order), tuple(state.warnings))
     check_refusals(parsed)
-    return parsed
+    for message in unsupported_warnings(parsed):
+        state.warn(message)
+    return ParsedArgs(parsed.values, parsed.sources, parsed.order, tuple(state.warnings))
+
+
+def _shown(parsed: ParsedArgs, spec: FlagSpec, value: Any, *, name_value: bool) -> str:
+    source = parsed.source(spec.dest) or spec.names[-1]
+    if name_value and spec.takes_value:
+        sep = " " if source in _LOOKUP else "="  # CLI arg or env var
+        return f"{source}{sep}{format_value(value)}"
+    return source
+
+
+def _excused(parsed: ParsedArgs, spec: FlagSpec) -> str | None:
+    """The warning that replaces ``spec``'s refusal because of another flag (``REFUSED_UNLESS``)."""
+    rule = REFUSED_UNLESS.get(spec.dest)
+    if rule is None or not parsed.values.get(rule[0]):
+        return None
+    return rule[1]
+
+
+def unsupported_warnings(parsed: ParsedArgs) -> list[str]:
+    """One line per flag that is accepted but whose feature kvserve lacks."""
+    out: list[str] = []
+    done: set[str] = set()
+    for spec in FLAGS:
+        if spec.action is not None or spec.dest in done:
+            continue
+        done.add(spec.dest)
+        value = parsed.values[spec.dest]
+        reason = spec.warning(value)
+        if reason is None and spec.refusal(value) is not None:
+            reason = _excused(parsed, spec)
+        if reason is not None:
+            shown = _shown(parsed, spec, value, name_value=spec.status != WARNED_STATUS)
+            out.append(f"warn: {shown} is accepted but has no effect in kvserve: {reason}")
+    return out
 
 
 def check_refusals(parsed: ParsedArgs) -> None:
@@ -176,13 +217,9 @@ def check_refusals(parsed: ParsedArgs) -> None:
         done.add(spec.dest)
         value = parsed.values[spec.dest]
         reason = spec.refusal(value)
-        if reason is None:
+        if reason is None or _excused(parsed, spec) is not None:
             continue
-        source = parsed.source(spec.dest) or spec.names[-1]
-        shown = source
-        if spec.status != REFUSED_STATUS and spec.takes_value:  # name the refused value
-            sep = " " if source in _LOOKUP else "="  # CLI arg or env var
-            shown = f"{source}{sep}{format_value(value)}"
+        shown = _shown(parsed, spec, value, name_value=spec.status != REFUSED_STATUS)  # name a refused value
         errors.append(f"error: {shown} is not supported by kvserve: {reason}")
     if errors:
         raise ConfigError("\n".join(errors))

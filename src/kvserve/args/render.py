@@ -12,8 +12,8 @@ from typing import Any
 
 from kvserve import __version__
 
-from .spec import COMPAT_BUILD, REFUSED_STATUS, ArgType, FlagSpec
-from .status import REFUSED_VALUES
+from .spec import COMPAT_BUILD, REFUSED_STATUS, WARNED_STATUS, ArgType, FlagSpec
+from .status import REFUSED_VALUES, WARNED_VALUES
 from .table import FLAGS
 
 def format_value(value: Any) -> str:
@@ -72,15 +72,37 @@ def usage_entry(spec: FlagSpec) -> str:
         parts.append("[kvserve only]")
     if spec.status == REFUSED_STATUS:
         parts.append(f"[not supported by kvserve: {spec.reason}]")
+    elif spec.status == WARNED_STATUS:
+        parts.append(f"[accepted, no effect in kvserve: {spec.reason}]")
     body = _wrap(" ".join(parts), 70)
     pad = " " * 40
     first = head + "\n" + pad if len(head) > 37 else head.ljust(40)
     return first + ("\n" + pad).join(body) + "\n"
 
 
+def action_text(action: str) -> str:
+    """What ``--cache-list``, ``--list-devices`` and ``--completion-bash`` print before exiting 0."""
+    if action == "cache-list":
+        return "number of models in cache: 0"  # kvserve never downloads, so it keeps no model cache
+    if action == "list-devices":
+        import torch
+
+        lines = ["Available devices:", "  CPU: torch"]
+        if torch.cuda.is_available():
+            lines += [f"  CUDA{i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+        return "\n".join(lines)
+    if action == "completion-bash":
+        names = " ".join(n for s in FLAGS for n in s.all_names)
+        return (f"_kvserve_completions() {{\n    COMPREPLY=( $(compgen -W \"{names}\" -- \"${{COMP_WORDS[COMP_CWORD]}}\") )\n"
+                "}\ncomplete -F _kvserve_completions kvserve llama-server\n")
+    raise ValueError(action)
+
+
+_SECTIONS = (("server", "server"), ("sampling", "sampling"), ("other llama.cpp", "other"), ("kvserve-only", "kvserve"))
+
+
 def format_usage() -> str:
-    sections = (("server params", "server"), ("sampling params", "sampling"),
-                ("kvserve-only params", "kvserve"))
+    sections = tuple((f"{title} params", group) for title, group in _SECTIONS)
     out = [f"usage: kvserve [options]   (llama-server {COMPAT_BUILD} compatible)\n"]
     for title, group in sections:
         out.append(f"\n----- {title} -----\n\n")
@@ -97,10 +119,11 @@ def _compat_row(spec: FlagSpec) -> str:
     if spec.neg_names:
         flag += " / " + ", ".join(spec.neg_names)
     env = ", ".join(f"`{e}`" for e in spec.envs) or "-"
-    notes = [spec.reason] if spec.status == REFUSED_STATUS else []
-    rule = REFUSED_VALUES.get(spec.dest)
-    if rule is not None:
-        notes.append(rule.doc)
+    notes = [spec.reason] if spec.status in (REFUSED_STATUS, WARNED_STATUS) else []
+    for rules in (REFUSED_VALUES, WARNED_VALUES):
+        rule = rules.get(spec.dest)
+        if rule is not None:
+            notes.append(rule.doc)
     if spec.notes:
         notes.append(spec.notes)
     default = shown_default(spec).replace("\n", "\\n")
@@ -130,10 +153,16 @@ defaults, parsed with llama.cpp's rules:
 - INI presets (`/etc/llama.cpp/config.ini`, `~/.config/llama.cpp/config.ini`) are not read;
   kvserve warns when one exists.
 
-**Refused** flags are accepted only at their default value. Any other value, from the command
-line or the environment, stops kvserve with `error: <flag> is not supported by kvserve: <reason>`
-and exit status 1: kvserve never accepts a setting it would silently ignore. Some implemented
-flags refuse particular values (noted below).
+Every flag llama-server accepts starts kvserve. Where kvserve lacks the feature a flag enables
+or tunes, the flag **warns**: it is accepted with one start-up line
+`warn: <flag> is accepted but has no effect in kvserve: <reason>`, and a request that would use
+the feature gets a 400 naming it (a server-wide `--grammar` makes every generation request a
+400; `/tools` with `--tools`, `/cors-proxy` with `--ui-mcp-proxy` and `/rerank` with
+`--reranking` answer 400 too). Only a value that would silently change every answer (another
+model, RoPE overrides, adapters applied to every request, control vectors, the adaptive-p
+sampler) is **refused**: it stops kvserve with `error: <flag> is not supported by kvserve:
+<reason>` and exit status 1. Values at the default are always accepted. Some implemented flags
+warn about particular values (noted below).
 
 Context checkpoints (`--ctx-checkpoints`, `--checkpoint-min-step`): llama-server snapshots the
 KV state of SWA and recurrent layers so a later request can resume from a checkpoint. kvserve's
@@ -151,6 +180,7 @@ def render_compat() -> str:
     out = [_COMPAT_HEADER]
     sections = (("Server flags", "server"),
                 ("Sampling flags (server defaults for request fields)", "sampling"),
+                ("Other llama.cpp flags (backend, placement, speculative decoding, media, presets)", "other"),
                 ("kvserve-only flags", "kvserve"))
     for title, group in sections:
         out.append(f"\n## {title}\n\n| Flag | Env | Default | Status | Reason / notes |\n"
@@ -158,6 +188,8 @@ def render_compat() -> str:
         out.extend(_compat_row(s) + "\n" for s in FLAGS if s.group == group)
     refused = sorted({long_name(s) for s in FLAGS if s.status == REFUSED_STATUS})
     out.append(f"\n## Refused flags ({len(refused)})\n\n" + ", ".join(f"`{n}`" for n in refused) + "\n")
+    warned = sorted({long_name(s) for s in FLAGS if s.status == WARNED_STATUS})
+    out.append(f"\n## Flags accepted with a warning ({len(warned)})\n\n" + ", ".join(f"`{n}`" for n in warned) + "\n")
     from kvserve.server.unsupported import REFUSED_FIELDS  # the HTTP layer owns the field rules
 
     out.append(

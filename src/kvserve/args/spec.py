@@ -12,13 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .status import REFUSED_VALUES
+from .status import REFUSED_VALUES, WARNED_VALUES
 
 COMPAT_BUILD = "b10621"
 INT_MAX = 2**31 - 1
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 IMPLEMENTED = "implemented"
 REFUSED_STATUS = "refused"
+WARNED_STATUS = "warns"
 
 Warn = Callable[[str], None]
 Convert = Callable[[str, Warn], Any]
@@ -179,6 +180,7 @@ class FlagSpec:
     action: str | None = None  # "help" | "version"
     status: str = IMPLEMENTED
     reason: str = ""
+    nargs: int = 1  # values a value-taking flag consumes (joined by a space)
 
     @property
     def all_names(self) -> tuple[str, ...]:
@@ -206,6 +208,13 @@ class FlagSpec:
         if self.status == REFUSED_STATUS:
             return None if self.is_default(value) else self.reason
         rule = REFUSED_VALUES.get(self.dest)
+        return rule.check(value) if rule is not None else None
+
+    def warning(self, value: Any) -> str | None:
+        """Why ``value`` is accepted without effect (one start-up warning), or None."""
+        if self.status == WARNED_STATUS:
+            return None if self.is_default(value) else self.reason
+        rule = WARNED_VALUES.get(self.dest)
         return rule.check(value) if rule is not None else None
 
 

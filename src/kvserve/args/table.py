@@ -37,8 +37,9 @@ from .convert import (
     _template_kwargs,
     _tristate,
 )
-from .spec import INT_MAX, LLAMA_DEFAULT_SEED, REFUSED_STATUS, ArgType, FlagSpec, parse_csv_row
-from .status import REFUSED
+from .spec import INT_MAX, LLAMA_DEFAULT_SEED, REFUSED_STATUS, WARNED_STATUS, ArgType, FlagSpec, parse_csv_row
+from .status import REFUSED, WARNED
+from .table_extra import OTHER_ROWS
 
 I, FL, S, B, V = ArgType.INT, ArgType.FLOAT, ArgType.STR, ArgType.BOOL, ArgType.VOID  # noqa: E741 - short type names keep the table readable
 
@@ -250,7 +251,8 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("--log-file", "log_file", S, None, "also log to this file", env="LLAMA_ARG_LOG_FILE", hint="FNAME"),
     F("--log-prompts-dir", "log_prompts_dir", S, None, "debug: write raw prompts to this directory",
       hint="PATH"),
-    F("--log-jsonl", "log_jsonl", V, False, "JSON lines log format", env="LLAMA_ARG_LOG_JSONL"),
+    F("--log-jsonl", "log_jsonl", B, False, "JSON lines log format", neg="--no-log-jsonl",
+      env="LLAMA_ARG_LOG_JSONL"),
     F("--log-colors", "log_colors", S, "auto", "colored logging: on, off or auto", env="LLAMA_ARG_LOG_COLORS",
       hint="[on|off|auto]", convert=_tristate("--log-colors")),
     F("--log-prefix", "log_prefix", B, None, "prefix in log messages", neg="--no-log-prefix",
@@ -356,11 +358,13 @@ def _with_status(rows: Sequence[FlagSpec]) -> tuple[FlagSpec, ...]:
     for spec in rows:
         if spec.dest in REFUSED:
             spec = replace(spec, status=REFUSED_STATUS, reason=REFUSED[spec.dest])
+        elif spec.dest in WARNED:
+            spec = replace(spec, status=WARNED_STATUS, reason=WARNED[spec.dest])
         out.append(spec)
     return tuple(out)
 
 
-FLAGS: tuple[FlagSpec, ...] = _with_status(_ROWS)
+FLAGS: tuple[FlagSpec, ...] = _with_status(_ROWS + OTHER_ROWS)
 
 
 def _build_lookup(flags: Sequence[FlagSpec]) -> dict[str, tuple[FlagSpec, bool]]:

@@ -23,6 +23,8 @@ import jinja2.ext
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from kvserve.model.chat_detect import detect_format
+from kvserve.model.chat_formats import apply_format
 from kvserve.model.tokenizer import Tokenizer, VocabInfo
 
 # llama.cpp's CHATML_TEMPLATE_SRC (common/chat.cpp), byte for byte: /props reports it as chat_template.
@@ -34,52 +36,6 @@ CHATML_TEMPLATE = (
     "  {{- '<|im_start|>assistant\n' -}}\n"
     "{%- endif -%}"
 )
-
-# The other built-ins reproduce llama.cpp's non-Jinja formats (src/llama-chat.cpp). ``c_trim`` strips
-# ASCII whitespace only, like the C ``trim`` used there.
-_LLAMA3_TEMPLATE = (
-    "{%- for message in messages -%}\n"
-    "  {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + (message.content | c_trim)"
-    " + '<|eot_id|>' -}}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}\n"
-    "{%- endif -%}"
-)
-_GEMMA_TEMPLATE = (
-    "{%- set ns = namespace(system='') -%}\n"
-    "{%- for message in messages -%}\n"
-    "  {%- if message.role == 'system' -%}\n"
-    "    {%- set ns.system = ns.system + (message.content | c_trim) -%}\n"
-    "  {%- else -%}\n"
-    "    {%- set role = 'model' if message.role == 'assistant' else message.role -%}\n"
-    "    {{- '<start_of_turn>' + role + '\\n' -}}\n"
-    "    {%- if ns.system and role != 'model' -%}\n"
-    "      {{- ns.system + '\\n\\n' -}}\n"
-    "      {%- set ns.system = '' -%}\n"
-    "    {%- endif -%}\n"
-    "    {{- (message.content | c_trim) + '<end_of_turn>\\n' -}}\n"
-    "  {%- endif -%}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "  {{- '<start_of_turn>model\\n' -}}\n"
-    "{%- endif -%}"
-)
-_ZEPHYR_TEMPLATE = (
-    "{%- for message in messages -%}\n"
-    "  {{- '<|' + message.role + '|>\\n' + message.content + '<|endoftext|>\\n' -}}\n"
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    "  {{- '<|assistant|>\\n' -}}\n"
-    "{%- endif -%}"
-)
-
-BUILTIN_TEMPLATES: dict[str, str] = {
-    "chatml": CHATML_TEMPLATE,
-    "gemma": _GEMMA_TEMPLATE,
-    "llama3": _LLAMA3_TEMPLATE,
-    "zephyr": _ZEPHYR_TEMPLATE,
-}
 
 # common_chat_format_example: what llama-server renders at startup to check the model's template
 _EXAMPLE_MESSAGES: list[dict[str, Any]] = [
@@ -121,10 +77,6 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _c_trim(value: Any) -> str:
-    return str(value).strip(" \t\n\v\f\r")
-
-
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}…{% endgeneration %}`` (used by some HF templates): renders its body."""
 
@@ -141,7 +93,6 @@ def _make_env() -> ImmutableSandboxedEnvironment:
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationTag]
     )
     env.filters["tojson"] = _tojson
-    env.filters["c_trim"] = _c_trim
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env
@@ -311,24 +262,34 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def _looks_like_jinja(text: str) -> bool:
-    return "{{" in text or "{%" in text
+_NOT_SUPPORTED = "the supplied chat template is not supported"
+_LEGACY_NOTE = "note: kvserve was started without --jinja, only llama.cpp's built-in chat formats are supported"
 
 
-def resolve_template_source(override: str) -> tuple[str, str | None]:
-    """``--chat-template`` value -> (Jinja source, built-in name or None)."""
-    if override in BUILTIN_TEMPLATES:
-        return BUILTIN_TEMPLATES[override], override
-    if _looks_like_jinja(override):
+def resolve_override(override: str, jinja: bool) -> tuple[str, str | None]:
+    """``--chat-template`` value -> (source, built-in format or None for Jinja), as llama-server does.
+
+    ``chatml`` always means llama-server's ChatML Jinja source. With ``--jinja`` any other text is
+    the Jinja template itself (so a built-in name renders as that literal text, exactly as
+    llama-server does). Without it the text must be a built-in name or recognisable as one of the
+    built-in formats (``llm_chat_detect_template``).
+    """
+    if override == "chatml":
+        return CHATML_TEMPLATE, (None if jinja else "chatml")
+    if jinja:
         return override, None
-    raise ValueError(
-        f"unsupported chat template {override!r}: use a built-in name "
-        f"({', '.join(sorted(BUILTIN_TEMPLATES))}) or inline Jinja"
-    )
+    fmt = detect_format(override)
+    if fmt is None:
+        raise ValueError(f"{_NOT_SUPPORTED}: {override}\n{_LEGACY_NOTE}")
+    return override, fmt
 
 
 class ChatTemplate:
-    """A compiled chat template plus the token strings and flags llama-server renders it with."""
+    """A chat template plus the token strings and flags llama-server renders it with.
+
+    ``builtin`` names the llama.cpp built-in format that renders it (``--no-jinja``, or a built-in
+    name given to ``--chat-template``); None means the source is rendered as Jinja.
+    """
 
     def __init__(
         self,
@@ -341,10 +302,12 @@ class ChatTemplate:
         builtin: str | None = None,
         has_explicit_template: bool = True,
     ) -> None:
+        self._template: jinja2.Template | None = None
         try:
             self._template = _ENV.from_string(source)
         except jinja2.exceptions.TemplateSyntaxError as e:
-            raise ValueError(f"invalid chat template: {e} (line {e.lineno})") from None
+            if builtin is None:
+                raise ValueError(f"invalid chat template: {e} (line {e.lineno})") from None
         self.source = source
         self.builtin = builtin
         self.bos_token = bos_token
@@ -361,13 +324,16 @@ class ChatTemplate:
 
     @classmethod
     def from_metadata(
-        cls, meta: Mapping[str, Any], override: str | None = None, *, tokenizer: Tokenizer | None = None
+        cls, meta: Mapping[str, Any], override: str | None = None, *, tokenizer: Tokenizer | None = None,
+        jinja: bool = True,
     ) -> ChatTemplate:
-        """The template llama-server would use for this model and ``--chat-template`` value.
+        """The template llama-server would use for this model, ``--chat-template`` and ``--jinja``.
 
-        ``override`` is a built-in name or inline Jinja; anything else raises ValueError. Without an
-        override the model's ``tokenizer.chat_template`` is used (its ``tool_use`` variant, then ChatML,
-        when missing); a model template that cannot render the startup example falls back to ChatML.
+        ``override`` is a built-in name or a template (see ``resolve_override``); ValueError when it
+        cannot be used. Without an override the model's ``tokenizer.chat_template`` is used (its
+        ``tool_use`` variant, then ChatML, when missing). With Jinja, a model template that cannot
+        render the startup example falls back to ChatML; without Jinja it must match a built-in
+        format (ValueError otherwise, as llama-server then fails to start).
         """
         tokens: dict[str, Any]
         if tokenizer is not None:
@@ -377,12 +343,12 @@ class ChatTemplate:
             tokens = _token_strings(meta)
 
         if override:
-            source, builtin = resolve_template_source(override)
+            source, builtin = resolve_override(override, jinja)
             tmpl = cls(source, builtin=builtin, has_explicit_template=True, **tokens)
             try:
                 tmpl.render([{"role": "user", "content": "test"}], add_generation_prompt=False)
             except (ChatTemplateError, MessageFormatError) as e:
-                raise ValueError(f"the supplied chat template is not supported: {e}") from None
+                raise ValueError(f"{_NOT_SUPPORTED}: {e}") from None
             return tmpl.checked()
 
         source = meta.get("tokenizer.chat_template") or ""
@@ -390,15 +356,22 @@ class ChatTemplate:
         explicit = bool(source or tool_use)
         if not source or source == "chatml":
             source = tool_use or CHATML_TEMPLATE
-        builtin = "chatml" if source == CHATML_TEMPLATE else None
+        if not jinja:
+            builtin = detect_format(source)
+            if builtin is None:
+                raise ValueError("chat template parsing error: this custom template is not supported, "
+                                 "try using --jinja (or --chat-template NAME)")
+            return cls(source, builtin=builtin, has_explicit_template=explicit, **tokens)
         try:
-            tmpl = cls(source, builtin=builtin, has_explicit_template=explicit, **tokens)
+            tmpl = cls(source, has_explicit_template=explicit, **tokens)
         except ValueError as e:
             return cls._chatml_fallback(tokens, explicit, str(e))
         return tmpl.checked()
 
     def checked(self) -> ChatTemplate:
         """This template, or ChatML if it cannot render llama-server's startup example."""
+        if self.builtin is not None:
+            return self
         try:
             self.render(_EXAMPLE_MESSAGES, add_generation_prompt=True)
         except (ChatTemplateError, MessageFormatError) as e:
@@ -409,7 +382,7 @@ class ChatTemplate:
 
     @classmethod
     def _chatml_fallback(cls, tokens: dict[str, Any], explicit: bool, reason: str) -> ChatTemplate:
-        tmpl = cls(CHATML_TEMPLATE, builtin="chatml", has_explicit_template=explicit, **tokens)
+        tmpl = cls(CHATML_TEMPLATE, has_explicit_template=explicit, **tokens)
         tmpl.fallback_reason = reason
         return tmpl
 
@@ -429,6 +402,7 @@ class ChatTemplate:
         ``kwargs`` become template variables (``chat_template_kwargs``). With ``prefill_assistant``
         (llama-server's default for chat requests) a trailing assistant message is not closed: the
         template is rendered without it, with the generation prompt, and its text is appended.
+        A built-in format sees only roles and text (no tools, no kwargs), as in llama.cpp.
         """
         raw = list(messages) if isinstance(messages, tuple) else messages
         msgs = validate_messages(raw)
@@ -444,6 +418,10 @@ class ChatTemplate:
                 raise MessageFormatError("Assistant response prefill is incompatible with enable_thinking.")
             prefill = _prefill_text(raw[-1])
             add_generation_prompt = True
+        if self.builtin is not None:
+            chat = [(str(m["role"]), str(m.get("content") or "")) for m in msgs]
+            return apply_format(self.builtin, chat, add_generation_prompt) + prefill
+        assert self._template is not None
 
         context: dict[str, Any] = dict(kwargs)
         context.update(
@@ -480,9 +458,13 @@ class ChatTemplate:
         """Best-effort ``chat_template_caps`` for ``/props``, found by rendering probe conversations."""
         probe = "<<probe-4a7c>>"
 
+        template = self._template
+
         def renders(messages: list[dict[str, Any]], **kw: Any) -> str | None:
+            if template is None:
+                return None
             try:
-                return self._template.render(
+                return template.render(
                     messages=messages, bos_token=self.bos_token, eos_token=self.eos_token,
                     add_generation_prompt=False, **{"tools": None, **kw}
                 )

@@ -149,7 +149,13 @@ def render_chat_full(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: Ser
 
     prefill = last_is_assistant and (cont is True or (cont is None and s.prefill_assistant))
     last: dict[str, Any] | None = None
-    if prefill:
+    if prefill and getattr(tmpl, "builtin", None) is not None:
+        # llama.cpp's built-in formats cannot leave a turn open: the final assistant message is
+        # rendered closed and no generation prompt follows, as llama-server does without --jinja.
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
+        add_generation_prompt = False
+    elif prefill:
         last = messages.pop()
         if messages and messages[-1].get("role") == "assistant":
             raise invalid("Cannot have 2 or more assistant messages at the end of the list.")

@@ -66,6 +66,11 @@ def unsupported_field(name: str, why: str = "") -> ApiError:
     return ApiError(msg + (f": {why}" if why else ""), INVALID_REQUEST)
 
 
+def unsupported_feature(what: str, why: str) -> ApiError:
+    """A feature a start-up flag asked for that kvserve lacks (the flag only warned): HTTP 400."""
+    return ApiError(f"{what} is not supported by kvserve: {why}", INVALID_REQUEST)
+
+
 def server_error(message: str) -> ApiError:
     return ApiError(message, SERVER)
 

@@ -74,7 +74,7 @@ def build_server(engine: EngineAPI, cfg: Any) -> tuple[uvicorn.Server, list[sock
         lifespan="off",
         proxy_headers=False,
     )
-    sockets = bind_sockets(s.host, s.port, bool(getattr(cfg, "reuse_port", False)))
+    sockets = bind_sockets(s.host, s.port, s.reuse_port)
     return uvicorn.Server(config), sockets, s
 
 

@@ -2,8 +2,9 @@
 
 Out: compact separators, UTF-8 (no \\u escapes), non-finite floats as ``null`` (a banned
 token's -inf bias shows as ``"bias": null``), content type ``application/json; charset=utf-8``.
-In: strict JSON (no NaN/Infinity); a malformed body is a 500 ``server_error``, as in
-llama-server, whose parse exception is not an ``invalid_argument``.
+In: strict JSON (no NaN/Infinity). A malformed body or one that is not UTF-8 is a 400
+``invalid_request_error`` with nlohmann's parse-error message (llama-server answers 500 there,
+because its parse exception is not an ``invalid_argument``: the client's error, so 4xx here).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from kvserve.server.errors import ApiError, server_error
+from kvserve.server.errors import ApiError, invalid
 
 JSON_CONTENT_TYPE = "application/json; charset=utf-8"
 
@@ -60,16 +61,19 @@ def parse_json(raw: bytes) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise server_error(f"[json.exception.parse_error.101] parse error: invalid UTF-8 byte at {e.start}")
+        raise invalid(f"[json.exception.parse_error.316] invalid UTF-8 byte at index {e.start}: "
+                      f"0x{raw[e.start]:02X}") from None
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        raise server_error(
+        raise invalid(
             f"[json.exception.parse_error.101] parse error at line {e.lineno}, column {e.colno}: "
             f"syntax error while parsing value - {e.msg}"
-        )
+        ) from None
     except ValueError as e:
-        raise server_error(f"[json.exception.parse_error.101] parse error: {e}")
+        raise invalid(f"[json.exception.parse_error.101] parse error: {e}") from None
+    except RecursionError:
+        raise invalid("[json.exception.parse_error.101] parse error: nesting too deep") from None
 
 
 async def read_json(request: Request) -> Any:

@@ -95,7 +95,7 @@ def _samplers(v: Any, current: list[str]) -> list[str]:
 
 
 def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: TokenizerLike) -> CompletionParams:
-    check_completion(data)
+    check_completion(data, s.unsupported_features)
     d = s.sampling_defaults
     sv: dict[str, Any] = {k: d.get(k, v) for k, v in SAMPLING_DEFAULTS.items()}
     sv["samplers"] = list(sv["samplers"])
@@ -193,6 +193,9 @@ def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: Tokeni
         id_slot = -1
     if isinstance(id_slot, bool) or not isinstance(id_slot, (int, float)):
         raise invalid(f"[json.exception.type_error.302] type must be number, but is {type(id_slot).__name__}")
+    if not -1 <= int(id_slot) < s.n_parallel:  # llama-server wraps it modulo n_slots instead
+        raise invalid(f"Invalid id_slot: {int(id_slot)} (this server has {s.n_parallel} slots: 0..{s.n_parallel - 1}, "
+                      "or -1 for any)")
 
     sampling = make_sampling(sv)
     req = RequestParams(

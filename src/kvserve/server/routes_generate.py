@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from kvserve.server import embeddings
 from kvserve.server.completions import Kind, handle
-from kvserve.server.errors import disabled_endpoint
+from kvserve.server.errors import disabled_endpoint, unsupported_feature
 from kvserve.server.jsonio import JSONResponse, read_object
 from kvserve.server.schemas import (
     ChatCompletionRequest,
@@ -62,6 +62,22 @@ def make_router(prefix: str) -> APIRouter:
     for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
         @r.post(path, include_in_schema=False)
         async def rerank(request: Request) -> Response:
+            why = request.app.state.settings.unsupported_features.get("rerank")
+            if why is not None:
+                raise unsupported_feature("/rerank", why)
             raise disabled_endpoint("reranking", "--reranking")
+
+    # Agent endpoints: 403 when not enabled, as in llama-server; 400 when a flag asked for them.
+    for path, feature in (("/tools", "tools"), ("/cors-proxy", "mcp_proxy")):
+        def bind(path: str = path, feature: str = feature):  # noqa: ANN202
+            async def agent_endpoint(request: Request) -> Response:
+                why = request.app.state.settings.unsupported_features.get(feature)
+                if why is not None:
+                    raise unsupported_feature(path, why)
+                return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
+                                    403)
+            return agent_endpoint
+
+        r.add_api_route(path, bind(), methods=["GET", "POST"], include_in_schema=False)
 
     return r

@@ -83,6 +83,8 @@ def make_router(prefix: str) -> APIRouter:
             sid = int(id_slot)
         except ValueError:
             raise invalid("Invalid slot ID")
+        if not 0 <= sid < st.settings.n_parallel:  # llama-server wraps it modulo n_slots instead
+            raise invalid("Invalid slot ID")
         if action not in SLOT_ACTIONS:
             raise invalid("Invalid action")
         filename = ""

@@ -137,6 +137,8 @@ class ServerSettings:
     build_info: str = "b1-kvserve-" + kvserve.__version__
     media_marker: str = field(default_factory=_media_marker)
     slots_debug: bool = False
+    reuse_port: bool = False
+    unsupported_features: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_id(self) -> str:
@@ -205,6 +207,8 @@ class ServerSettings:
             chat_template_kwargs=dict(kwargs),
             sampling_defaults=sampling,
             build_info=str(_pick(cfg, d.build_info, "build_info")),
+            reuse_port=bool(_pick(cfg, False, "reuse_port")),
+            unsupported_features=dict(_pick(cfg, {}, "unsupported_features")),
             slots_debug=os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0"),
         )
 

@@ -7,9 +7,10 @@ default/neutral value is harmless (``grammar: ""``, ``lora: []``, ``tools: []``)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from kvserve.server.errors import unsupported_field
+from kvserve.server.errors import unsupported_feature, unsupported_field
 
 
 def _truthy(v: Any) -> bool:
@@ -43,7 +44,10 @@ REFUSED_FIELDS: list[tuple[str, str]] = [(k, f"{why} (any non-empty value)") for
 ]
 
 
-def check_completion(body: dict[str, Any]) -> None:
+def check_completion(body: dict[str, Any], features: Mapping[str, str] | None = None) -> None:
+    """``features``: server-wide features kvserve was asked for but lacks (``--grammar``...)."""
+    if features and "grammar" in features:
+        raise unsupported_feature("a server-wide grammar", features["grammar"])
     for name, why in _REFUSED.items():
         if _truthy(body.get(name)):
             raise unsupported_field(name, why)

@@ -1,0 +1,77 @@
+"""Flags kvserve accepts with a warning: a request that would use their feature gets a 400 naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvserve.config import load_config
+from kvserve.server.settings import ServerSettings
+
+from .test_http_fake_engine import FakeEngine, client
+
+
+def _http(*argv: str) -> Any:
+    cfg = load_config(list(argv), {}, warn=lambda m: None)
+    return client(FakeEngine(), **{"unsupported_features": dict(cfg.server.unsupported_features)})
+
+
+def test_server_wide_grammar_refuses_generation_requests() -> None:
+    c, _ = _http("--grammar", 'root ::= "x"')
+    for path, body in (("/completion", {"prompt": "hi"}), ("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        r = c.post(path, json=body)
+        assert r.status_code == 400, path
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and "--grammar" in err["message"]
+    assert c.post("/tokenize", json={"content": "hi"}).status_code == 200  # no generation: fine
+
+
+def test_tools_and_cors_proxy_endpoints() -> None:
+    c, _ = _http()
+    for path in ("/tools", "/cors-proxy"):  # not enabled: llama-server's 403
+        r = c.get(path)
+        assert r.status_code == 403 and r.json() == {
+            "error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+    c, _ = _http("--tools", "all", "--ui-mcp-proxy")
+    for path, flag in (("/tools", "--tools"), ("/cors-proxy", "--ui-mcp-proxy")):
+        r = c.post(path, json={})
+        assert r.status_code == 400 and flag in r.json()["error"]["message"]
+
+
+def test_rerank_with_reranking_flag_is_a_clear_400() -> None:
+    c, _ = _http()
+    assert c.post("/rerank", json={"query": "q", "documents": ["a"]}).status_code == 501
+    c, _ = _http("--reranking")
+    r = c.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
+    assert r.status_code == 400 and "--reranking" in r.json()["error"]["message"]
+
+
+def test_tools_flag_makes_cors_default_localhost() -> None:
+    assert load_config(["--tools", "all"], {}, warn=lambda m: None).server.cors_origins == "localhost"
+    explicit = load_config(["--tools", "all", "--cors-origins", "*"], {}, warn=lambda m: None)
+    assert explicit.server.cors_origins == "*"
+
+
+def test_settings_carry_the_start_up_flags() -> None:
+    cfg = load_config(["--no-prefill-assistant", "--reuse-port", "-ctk", "q8_0", "-ctv", "q8_0"], {},
+                      warn=lambda m: None)
+    s = ServerSettings.from_config(cfg)
+    assert s.prefill_assistant is False and s.reuse_port is True
+    assert cfg.engine.cache_type_k == cfg.engine.cache_type_v == "f16"  # quantized types warn and use f16
+
+
+def test_no_jinja_prefill_matches_llama_server(smollm_meta: dict[str, Any]) -> None:
+    """Without --jinja llama-server renders a trailing assistant message closed, with no generation
+    prompt (recorded from llama-server b10621 --no-jinja: /apply-template)."""
+    from kvserve.model.chat_template import ChatTemplate
+
+    eng = FakeEngine()
+    eng.chat_template = ChatTemplate.from_metadata(smollm_meta, jinja=False)  # type: ignore[assignment]
+    c, _ = client(eng, jinja=False)
+    msgs = [{"role": "system", "content": "Sys"}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Wh"}]
+    r = c.post("/apply-template", json={"messages": msgs})
+    assert r.json()["prompt"] == ("<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                  "<|im_start|>assistant\nWh<|im_end|>\n")
+    r = c.post("/apply-template", json={"messages": msgs[:2]})
+    assert r.json()["prompt"].endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
