@@ -190,7 +190,7 @@ def test_tool_request_errors(body: dict[str, Any], status: int, message: str) ->
 def test_tools_need_jinja() -> None:
     c, _ = make(HERMES_TEMPLATE, CALL, jinja=False)
     r = chat(c, tools=[WEATHER])
-    assert r.status_code == 500 and r.json()["error"]["message"] == "tools param requires --jinja flag"
+    assert r.status_code == 400 and r.json()["error"]["message"] == "tools param requires --jinja flag"
 
 
 # --- reasoning ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The request side of tool calls and reasoning on /v1/chat/completions.
 
 - ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` are read and checked here (llama-server's
-  ``oaicompat_chat_params_parse``): tools need ``--jinja`` (else 500), ``tool_choice`` is
+  ``oaicompat_chat_params_parse``): tools need ``--jinja`` (else 400; llama-server: 500), ``tool_choice`` is
   ``auto``, ``none``, ``required`` or ``{"type": "function", "function": {"name": …}}``.
 - The tool-call family comes from the template source (``chat_parsing.detect_tool_format``). A
   template that cannot render tools gets them described in its system message, in the generic
@@ -93,9 +93,9 @@ def read_tool_request(body: dict[str, Any], tmpl: Any, jinja: bool) -> ToolReque
     raw_choice = body.get("tool_choice")
     if not jinja:
         if has_tools:
-            raise server_error("tools param requires --jinja flag")
+            raise invalid("tools param requires --jinja flag")  # llama-server: 500; a client error here
         if raw_choice is not None and raw_choice != "auto":
-            raise server_error("tool_choice param requires --jinja flag")
+            raise invalid("tool_choice param requires --jinja flag")
     choice, function = _choice(raw_choice)
     if tools is not None and not isinstance(tools, list):
         try:
