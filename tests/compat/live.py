@@ -37,7 +37,9 @@ class LiveServer:
             self.proc.kill()
 
 
-def start_server(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> LiveServer:
+def start_server(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
+                 health: str = "/health") -> LiveServer:
+    """``health``: the path polled until it answers 200 (``/PREFIX/health`` with --api-prefix)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "kvserve", "--host", "127.0.0.1", "--port", str(port), *args]
@@ -48,7 +50,7 @@ def start_server(*args: str, env: dict[str, str] | None = None, timeout: float =
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {open(log.name).read()[-2000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url + health, timeout=2).status_code == 200:
                 return LiveServer(proc, url, log.name)
         except httpx.HTTPError:
             pass

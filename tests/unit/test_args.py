@@ -252,7 +252,6 @@ def test_refused_flag_at_default_is_fine(spec: FlagSpec) -> None:
 
 
 @pytest.mark.parametrize(("argv", "shown"), [
-    (["--ui"], "--ui"),
     (["--rope-freq-base", "10000"], "--rope-freq-base"),
     (["--lora", "x.gguf"], "--lora"),
     (["--control-vector-layer-range", "1", "4"], "--control-vector-layer-range"),
@@ -508,3 +507,19 @@ def test_compat_md_lists_every_flag() -> None:
         assert f"`{s.names[0]}" in text
         if s.status == A.REFUSED_STATUS:
             assert s.reason in text
+
+
+# --- Web UI ------------------------------------------------------------------------------------
+def test_ui_default_on_and_switches(tmp_path: Path) -> None:
+    from kvserve.config import build_config
+
+    assert build_config(parse([])[0], warn=lambda m: None).server.ui is True
+    assert parse([], env={"LLAMA_ARG_UI": "0"})[0]["ui"] is False
+    for argv in (["--no-ui"], ["--no-webui"]):
+        assert build_config(parse(argv)[0], warn=lambda m: None).server.ui is False
+    cfg = build_config(parse(["--path", str(tmp_path), "--api-prefix", "/llm"])[0], warn=lambda m: None)
+    assert cfg.server.static_path == str(tmp_path) and cfg.server.api_prefix == "/llm"
+    with pytest.raises(ConfigError, match="static assets path not found"):
+        build_config(parse(["--path", str(tmp_path / "missing")])[0], warn=lambda m: None)
+    # with the UI off the path is never opened, as in llama-server
+    build_config(parse(["--no-ui", "--path", str(tmp_path / "missing")])[0], warn=lambda m: None)

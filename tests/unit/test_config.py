@@ -24,7 +24,8 @@ def test_defaults() -> None:
     assert warnings == []
     s, e = c.server, c.engine
     assert (s.host, s.port, s.api_prefix, s.api_keys) == ("127.0.0.1", 8080, "", ())
-    assert (s.endpoint_slots, s.endpoint_metrics, s.endpoint_props, s.ui) == (True, False, False, False)
+    assert (s.endpoint_slots, s.endpoint_metrics, s.endpoint_props, s.ui) == (True, False, False, True)
+    assert s.static_path is None
     assert (s.timeout, s.sse_ping_interval, s.verbosity, s.embd_normalize) == (3600, 30, 3, 2)
     assert s.cors_methods == "GET, POST, DELETE, OPTIONS" and s.cors_credentials is True
     assert s.chat_template is None and dict(s.chat_template_kwargs) == {"preserve_reasoning": True}

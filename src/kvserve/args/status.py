@@ -49,8 +49,6 @@ REFUSED: dict[str, str] = {
     "docker_repo": _DOWNLOAD,
     "ssl_key_file": _TLS,
     "ssl_cert_file": _TLS,
-    "ui": "kvserve has no built-in web UI; it always behaves as --no-ui (GET / returns 404)",
-    "static_path": "kvserve has no web UI and serves no static files",
     "models_dir": _ROUTER,
     "models_preset": _ROUTER,
     "lora": _LORA_APPLIED,

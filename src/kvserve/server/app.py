@@ -1,6 +1,6 @@
 """The FastAPI app: llama-server's HTTP API over an ``EngineAPI``.
 
-``create_app(engine, cfg)`` wires routes (under ``--api-prefix``), the pre-routing middleware
+``create_app(engine, cfg)`` wires routes (under ``--api-prefix``), the Web UI, the pre-routing middleware
 (CORS, 503 while loading, API key, ``Server: llama.cpp``), JSON error handlers (llama-server's
 error body; unknown paths are a JSON 404) and the request-body documentation.
 """
@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import kvserve
-from kvserve.server import routes_generate, routes_misc
+from kvserve.server import routes_generate, routes_misc, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
 from kvserve.server.jsonio import JSONResponse, error_response
@@ -52,6 +52,7 @@ def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
 
     app.include_router(routes_misc.make_router(s.api_prefix))
     app.include_router(routes_generate.make_router(s.api_prefix))
+    webui.install(app, s)  # last: a --path mount must not shadow the API
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> Response:

@@ -105,7 +105,7 @@ def props_body(engine: EngineAPI, s: ServerSettings) -> dict[str, Any]:
         "endpoint_slots": s.endpoint_slots,
         "endpoint_props": s.endpoint_props,
         "endpoint_metrics": s.endpoint_metrics,
-        "ui": False,
+        "ui": s.ui,
         "ui_settings": {},
         "chat_template": _template_source(tmpl) if tmpl is not None else "",
         "chat_template_caps": _template_caps(tmpl),

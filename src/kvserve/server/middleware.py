@@ -5,9 +5,10 @@ Order (``server-http.cpp``):
    credentials echoes the request's Origin (empty when none); ``localhost`` echoes only
    localhost/127.0.0.1/::1 origins (else no header); anything else is sent verbatim.
 2. OPTIONS (any path): 200, empty text/html body, Allow-Credentials/-Methods/-Headers. No auth.
-3. Not ready: 503 ``Loading model`` for everything, ``/health`` included.
+3. Not ready: 503 ``Loading model`` for everything but the UI's front-end paths, ``/health``
+   included.
 4. API key (when keys are configured): ``Authorization: Bearer <k>`` (or ``X-Api-Key`` when
-   Authorization is empty); ``/health`` and ``/v1/health`` are public; else 401.
+   Authorization is empty); ``/health``, ``/v1/health`` and the front-end paths are public; else 401.
 Every response carries ``Server: llama.cpp``. An unhandled exception becomes a 500 JSON error.
 """
 
@@ -23,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from kvserve.server.errors import auth_body, loading_body
 from kvserve.server.jsonio import JSON_CONTENT_TYPE, dumps
 from kvserve.server.settings import ServerSettings
+from kvserve.server.webui import frontend_paths
 
 log = logging.getLogger("kvserve.server")
 
@@ -38,7 +40,8 @@ class LlamaMiddleware:
         self.is_ready = is_ready
         p = settings.api_prefix
         self.public = {p + "/health", p + "/v1/health"}
-        self.docs = set(_DOC_PATHS)
+        # answered while loading and without a key: the API description and the UI's files
+        self.docs = set(_DOC_PATHS) | frontend_paths(p)
 
     def allow_origin(self, origin: str) -> str | None:
         s = self.s

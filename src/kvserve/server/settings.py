@@ -106,6 +106,8 @@ class ServerSettings:
     endpoint_slots: bool = True
     endpoint_metrics: bool = False
     endpoint_props: bool = False
+    ui: bool = True
+    static_path: str = ""
     slot_save_path: str = ""
     timeout: int = 3600
     sse_ping_interval: int = 30
@@ -178,6 +180,8 @@ class ServerSettings:
             endpoint_slots=bool(_pick(cfg, d.endpoint_slots, "endpoint_slots", "slots")),
             endpoint_metrics=bool(_pick(cfg, d.endpoint_metrics, "endpoint_metrics", "metrics")),
             endpoint_props=bool(_pick(cfg, d.endpoint_props, "endpoint_props", "props")),
+            ui=bool(_pick(cfg, d.ui, "ui")),
+            static_path=str(_pick(cfg, "", "static_path") or ""),
             slot_save_path=str(_pick(cfg, "", "slot_save_path") or ""),
             timeout=int(_pick(cfg, d.timeout, "timeout")),
             sse_ping_interval=int(_pick(cfg, d.sse_ping_interval, "sse_ping_interval")),
