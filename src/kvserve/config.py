@@ -27,6 +27,7 @@ from kvserve.args import (
     parse_args,
     process_escapes,
 )
+from kvserve.grammar.spec import GrammarSpec
 from kvserve.model.files import DEFAULT_MODEL_FILE
 
 __all__ = [
@@ -82,6 +83,8 @@ class ServerConfig:
     reuse_port: bool = False
     # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
     unsupported_features: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # --grammar/--grammar-file/-j/-jf: the grammar of every request that sets none
+    grammar_default: GrammarSpec | None = None
 
     @property
     def model_name(self) -> str:
@@ -262,6 +265,35 @@ def _unsupported_features(parsed: ParsedArgs) -> dict[str, str]:
     return out
 
 
+def _read_file(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        raise ConfigError(f"error: failed to open file '{path}'") from None
+
+
+def _grammar_default(v: Mapping[str, Any]) -> GrammarSpec | None:
+    """The server-wide grammar: a JSON schema (-jf, then -j) wins over a GBNF grammar
+    (--grammar-file, then --grammar). A schema that is not JSON stops start-up, as in
+    llama.cpp; a grammar that does not parse fails each request that uses it (400)."""
+    import json
+
+    for dest, from_file in (("json_schema_file", True), ("json_schema", False)):
+        if v.get(dest):
+            text = _read_file(v[dest]) if from_file else v[dest]
+            try:
+                schema = json.loads(text)
+            except ValueError as e:
+                raise ConfigError(f"error: invalid JSON schema for --{dest.replace('_', '-')}: {e}") from None
+            return GrammarSpec("json_schema", json.dumps(schema if schema != {} else {"type": "object"}))
+    if v.get("grammar_file"):
+        return GrammarSpec("gbnf", _read_file(v["grammar_file"]))
+    if v.get("grammar"):
+        return GrammarSpec("gbnf", v["grammar"])
+    return None
+
+
 def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     """Turn parsed flag values into the frozen config, applying the startup rules of spec §1.3."""
     emit = warn or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -324,6 +356,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         ui=v["ui"], static_path=static_path, prefill_assistant=v["prefill_assistant"],
         reuse_port=v["reuse_port"],
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
+        grammar_default=_grammar_default(v),
     )
     engine = EngineConfig(
         model_path=model_path, dtype=v["dtype"], device=v["device"], n_ctx=v["n_ctx"],

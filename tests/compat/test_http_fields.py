@@ -200,13 +200,10 @@ def test_unknown_id_slot_is_400(http, id_slot: int) -> None:  # type: ignore[no-
 
 
 @pytest.mark.parametrize("path,field,value", [
-    ("/completion", "grammar", "root ::= \"a\""),
-    ("/completion", "json_schema", {"type": "object"}),
     ("/completion", "lora", [{"id": 0, "scale": 1.0}]),
     ("/v1/completions", "echo", True),
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "suffix", "tail"),
-    ("/v1/chat/completions", "response_format", {"type": "json_object"}),
 ])
 def test_unsupported_fields_are_refused(http, path: str, field: str, value: Any) -> None:  # type: ignore[no-untyped-def]
     c, eng = http

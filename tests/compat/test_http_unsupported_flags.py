@@ -15,17 +15,6 @@ def _http(*argv: str) -> Any:
     return client(FakeEngine(), **{"unsupported_features": dict(cfg.server.unsupported_features)})
 
 
-def test_server_wide_grammar_refuses_generation_requests() -> None:
-    c, _ = _http("--grammar", 'root ::= "x"')
-    for path, body in (("/completion", {"prompt": "hi"}), ("/v1/completions", {"prompt": "hi"}),
-                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
-        r = c.post(path, json=body)
-        assert r.status_code == 400, path
-        err = r.json()["error"]
-        assert err["type"] == "invalid_request_error" and "--grammar" in err["message"]
-    assert c.post("/tokenize", json={"content": "hi"}).status_code == 200  # no generation: fine
-
-
 def test_tools_and_cors_proxy_endpoints() -> None:
     c, _ = _http()
     for path in ("/tools", "/cors-proxy"):  # not enabled: llama-server's 403

@@ -27,7 +27,6 @@ _CHECKPOINTS = (
 _REASONING = "reasoning budgets (forcing the end of a thinking block) are not implemented"
 _SPECULATIVE = "speculative decoding is not supported"
 _ROUTER = "router mode (several models) is not supported; kvserve serves one model"
-_GRAMMAR = "grammar / JSON-schema constrained sampling is not implemented"
 _LORA = "LoRA adapters are not supported"
 _FIT = "automatic memory fitting is not implemented; size the KV pool with -c"
 _AGENT = "built-in agent tools and the MCP proxy are not supported"
@@ -101,10 +100,6 @@ WARNED: dict[str, str] = {
     "lora_init_without_apply": _LORA,
     "models_max": _ROUTER,
     "models_autoload": _ROUTER,
-    "grammar": _GRAMMAR,
-    "grammar_file": _GRAMMAR,
-    "json_schema": _GRAMMAR,
-    "json_schema_file": _GRAMMAR,
     "backend_sampling": "sampling always runs in the engine; there is no separate backend sampler",
     "adaptive_decay": "the adaptive-p sampler is not implemented",
     "flash_attn": "the attention backend is chosen by the device (torch SDPA on CPU)",
@@ -137,7 +132,6 @@ WARNED: dict[str, str] = {
 
 # What a request that would use a warned flag's feature is told (400): feature -> (flags, why).
 FEATURES: dict[str, tuple[tuple[str, ...], str]] = {
-    "grammar": (("grammar", "grammar_file", "json_schema", "json_schema_file"), _GRAMMAR),
     "tools": (("tools", "agent", "tools_runtime", "mcp_servers_config", "mcp_servers_json"), _AGENT),
     "mcp_proxy": (("ui_mcp_proxy", "agent"), _AGENT),
     "rerank": (("rerank",), "reranking is not supported"),

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from ..cache.manager import KVCacheManager
+from ..grammar import GrammarCompiler
 from ..model.chat_template import ChatTemplate
 from ..model.loader import LoadedModel
 from ..model.runner import ModelRunner
@@ -83,6 +84,8 @@ class Engine:
         kv_dtype = str(self.runner.kv.dtype).replace("torch.", "")
         model_key = f"{loaded.digest}:{kv_dtype}:{cfg.rope_base}:{cfg.rope_scale}:{n_ctx}"
         self.sampling = Sampling(tokenizer, cfg.n_vocab, loaded.device)
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
         self.scheduler = Scheduler(
             SchedulerConfig(
                 n_slots=opts.n_slots,
@@ -135,6 +138,15 @@ class Engine:
         if not ok:
             raise val
         return val
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """Compiles request grammars against this model's vocabulary (built on first use;
+        thread-safe: the HTTP side compiles before submitting)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.sampling.n_vocab)
+            return self._grammars
 
     def model_info(self) -> dict[str, Any]:
         return introspect.model_info(self.loaded, self.tokenizer)

@@ -54,6 +54,9 @@ class RequestParams:
     # The sampler's parameters (kvserve.engine.sampler.SamplingParams); typed loosely so this
     # module stays import-light.
     sampling: Any = None
+    # The request's compiled grammar (kvserve.grammar.CompiledGrammar) or None; each sequence
+    # gets its own state of it. It never reaches the cache: cached KV does not depend on it.
+    grammar: Any = None
 
 
 @dataclass
@@ -105,7 +108,7 @@ class FinalEvent:
     content: str  # full generated text (stop string removed)
     tokens: list[int]
     id_slot: int
-    stop_type: str  # "eos" | "word" | "limit" | "none"
+    stop_type: str  # "eos" | "word" | "limit" | "grammar" (the grammar allows no more tokens) | "none"
     stopping_word: str
     truncated: bool
     n_prompt: int  # tokens_evaluated

@@ -30,15 +30,19 @@ Layers (each imports only the ones below it):
     sampler_state    SequenceSampler (per-request parameters and state), build_plan
     dry              DRY penalties and sequence breakers
 
-A token-mask stage (grammar) goes in ``_chain_input``, on the raw logits before logit_bias and
-the chain: llama.cpp's ``common_sampler_sample`` applies the reasoning budget, then the grammar,
-then the chain (by default as rejection sampling: run the chain unmasked, keep the token if the
-grammar accepts it, else restore the logits, mask, run the chain again).
+Grammars (a sequence's ``grammar`` state) follow llama.cpp's ``common_sampler_sample``: the
+chain runs unmasked; a row whose token its grammar rejects is sampled again from its raw logits
+with the grammar's mask applied first (every disallowed logit -inf, before logit_bias and the
+chain), drawing a new uniform. The masks of all rejected rows are computed together into one
+bitmask tensor and applied on the logits' device in one copy. Raw logprobs (``n_probs``) stay
+those of the unmasked logits, as llama-server reports them. A row whose grammar leaves no token
+with a finite logit (the grammar cannot go on, or only banned tokens remain) gets
+``grammar_stop``: its token must not be used and the sequence ends.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -56,6 +60,7 @@ from kvserve.engine.sampler_stages import (
     vec,
 )
 from kvserve.engine.sampler_state import NEG_INF, SequenceSampler, build_plan
+from kvserve.grammar.mask import alloc_bitmask, apply_bitmask_, fill_bitmask
 
 __all__ = ["NEG_INF", "DryBreakers", "SampleResult", "SequenceSampler", "build_dry_breakers", "build_plan",
            "sample_batch", "sample_one"]
@@ -75,13 +80,13 @@ class SampleResult:
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
     is_prob: bool = False
+    grammar_stop: bool = False  # the grammar allows no sampleable token: end the sequence
 
 
 def _chain_input(raw: Tensor, rows: list[int], g: Group) -> Tensor:
-    """The group's rows of raw logits as the chain starts on them: logit_bias added (and
-    every EOG id at -inf with ignore_eos). A copy whenever anything will write in place.
-
-    Token masks (grammar) apply here, before the bias: see the module docstring."""
+    """The group's rows of ``raw`` (raw logits, or grammar-masked ones) as the chain starts on
+    them: logit_bias added (and every EOG id at -inf with ignore_eos). A copy whenever anything
+    will write in place."""
     seqs, plan, final = g.seqs, g.seqs[0].plan, g.seqs[0].final
     bias = [(j, t, b) for j, s in enumerate(seqs) for t, b in s.bias]
     if len(rows) < raw.shape[0]:
@@ -96,9 +101,11 @@ def _chain_input(raw: Tensor, rows: list[int], g: Group) -> Tensor:
     return x
 
 
-def _run_group(raw: Tensor, rows: list[int], g: Group) -> list[SampleResult]:
+def _run_group(raw: Tensor, rows: list[int], g: Group, src: Tensor | None = None) -> list[SampleResult]:
+    """Sample ``rows``; the chain starts from ``src`` (default ``raw``; same shape), raw
+    logprobs come from ``raw``."""
     seqs, plan, final = g.seqs, g.seqs[0].plan, g.seqs[0].final
-    c = Cand(_chain_input(raw, rows, g))
+    c = Cand(_chain_input(raw if src is None else src, rows, g))
     for name in plan:
         c = STAGES[name](c, g)
     prob_orig = None
@@ -176,14 +183,44 @@ def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     if any(s.vocab_size != V for s in samplers) or logits.shape[1] < V:
         raise ValueError("all samplers must share vocab_size <= logits.shape[1]")
     raw = logits[:, :V].float()
+    results = _sample_groups(raw, samplers)
+    redo = [i for i, s in enumerate(samplers)
+            if s.grammar is not None and s.grammar.constrained and not s.grammar.allows(results[i].token)]
+    if redo:
+        for i, r in zip(redo, _resample_masked(raw, [samplers[i] for i in redo], redo)):
+            results[i] = r
+    return results
+
+
+def _sample_groups(raw: Tensor, samplers: list[SequenceSampler], src: Tensor | None = None) -> list[SampleResult]:
     groups: dict[tuple[tuple[str, ...], str], list[int]] = {}
     for i, s in enumerate(samplers):
         groups.setdefault((s.plan, s.final), []).append(i)
     by_row: dict[int, SampleResult] = {}
     for rows in groups.values():
         g = Group([samplers[i] for i in rows], raw.device)
-        by_row.update(zip(rows, _run_group(raw, rows, g)))
-    return [by_row[i] for i in range(B)]
+        by_row.update(zip(rows, _run_group(raw, rows, g, src)))
+    return [by_row[i] for i in range(len(samplers))]
+
+
+def _resample_masked(raw: Tensor, samplers: list[SequenceSampler], rows: list[int]) -> list[SampleResult]:
+    """Sample ``rows`` of ``raw`` again with each row's grammar mask applied first."""
+    states = [s.grammar for s in samplers if s.grammar is not None]
+    bitmask = alloc_bitmask(len(rows), raw.shape[1], pin=raw.is_cuda)
+    fill_bitmask(states, bitmask)
+    sub = raw[vec(rows, raw, torch.long)]
+    masked = sub.clone()
+    apply_bitmask_(masked, bitmask)
+    dead = (~bitmask.bool().any(-1)).tolist()
+    for j, s in enumerate(samplers):
+        banned = [t for t, b in s.bias if b == NEG_INF]
+        if banned and not dead[j]:  # the grammar may allow only banned tokens (ignore_eos at its end)
+            row = masked[j].clone()
+            row[vec(banned, row, torch.long)] = NEG_INF
+            dead[j] = bool(torch.isneginf(row).all())
+    out = _sample_groups(sub, samplers, masked)
+    return [replace(r, grammar_stop=True) if d or not st.allows(r.token) else r
+            for st, r, d in zip(states, out, dead)]
 
 
 def sample_one(sampler: SequenceSampler, logits: Tensor) -> SampleResult:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import math
 import secrets
 from collections import Counter, deque
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 
 from kvserve.engine.dry import DryBreakers, dry_penalties
 from kvserve.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvserve.grammar import GrammarState
 
 NEG_INF = float("-inf")
 
@@ -68,6 +71,8 @@ class SequenceSampler:
     ``history``: tokens already accepted (the prompt), as llama-server feeds them.
     ``dry_breakers``: from ``build_dry_breakers`` (None: DRY runs without restart sequences).
     ``n_ctx_train``: bounds DRY's window (llama.cpp's total context size); 0 = unbounded.
+    ``grammar``: the sequence's own grammar state (``kvserve.grammar.GrammarState``) or None;
+    ``accept`` advances it, ``sample_batch`` keeps every drawn token inside it.
     """
 
     def __init__(
@@ -79,8 +84,10 @@ class SequenceSampler:
         *,
         dry_breakers: DryBreakers | None = None,
         n_ctx_train: int = 0,
+        grammar: GrammarState | None = None,
     ) -> None:
         self.params = params
+        self.grammar = grammar
         self.vocab_size = int(vocab_size)
         self.eog_ids = tuple(int(t) for t in eog_ids)
         self.seed = secrets.randbits(32) if params.is_random_seed else params.seed_u32
@@ -122,8 +129,10 @@ class SequenceSampler:
         self._ap_pending: tuple[int, float] | None = None
 
     def accept(self, token: int) -> None:
-        """Record an accepted token: penalty/DRY windows, mirostat mu, adaptive-p average."""
+        """Record an accepted token: penalty/DRY windows, mirostat mu, adaptive-p average, grammar."""
         token = int(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
         if self._pen_on and 0 <= token < self.vocab_size:
             win = self._pen_win
             if win.maxlen is not None and len(win) == win.maxlen:

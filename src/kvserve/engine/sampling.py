@@ -26,7 +26,9 @@ class Sampling:
             self._pieces = [self.tok.token_bytes(i, special=False) for i in range(self.tok.n_vocab)]
         return self._pieces
 
-    def make(self, params: SamplingParams | None, history: list[int]) -> SequenceSampler:
+    def make(self, params: SamplingParams | None, history: list[int], grammar: Any = None) -> SequenceSampler:
+        """``grammar``: the request's ``kvserve.grammar.CompiledGrammar`` (or None); each
+        sequence gets its own state of it."""
         params = params or SamplingParams()
         breakers = None
         if params.dry_multiplier > 0:
@@ -37,11 +39,13 @@ class Sampling:
                 )
             breakers = self._breakers[key]
         return SequenceSampler(
-            params, self.n_vocab, self.tok.eog_ids, history, dry_breakers=breakers, n_ctx_train=self.n_ctx_train
+            params, self.n_vocab, self.tok.eog_ids, history, dry_breakers=breakers, n_ctx_train=self.n_ctx_train,
+            grammar=grammar.new_state() if grammar is not None else None,
         )
 
     def sample(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> list[SampleResult]:
         results = sample_batch(logits, samplers)
         for s, r in zip(samplers, results):
-            s.accept(r.token)
+            if not r.grammar_stop:
+                s.accept(r.token)
         return results

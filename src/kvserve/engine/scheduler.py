@@ -178,7 +178,7 @@ class Scheduler:
     def _launch(self, req: GenerationRequest, emit: Emit, slot: Slot) -> None:
         params = req.params
         ns = self.namespace(req.identity, slot.id)
-        sampler = self.sampling.make(params.sampling, list(req.prompt_tokens))
+        sampler = self.sampling.make(params.sampling, list(req.prompt_tokens), params.grammar)
         seq = Sequence(
             req=req,
             emit=emit,
@@ -293,6 +293,9 @@ class Scheduler:
                 self._on_token(seq, res, now)
 
     def _on_token(self, seq: Sequence, res: Any, now: float) -> None:
+        if getattr(res, "grammar_stop", False):
+            self._grammar_stop(seq)
+            return
         tok = int(res.token)
         first = seq.state is SeqState.PREFILL
         seq.state = SeqState.DECODE
@@ -342,6 +345,23 @@ class Scheduler:
         )
         if done:
             self._finish(seq)
+
+    def _grammar_stop(self, seq: Sequence) -> None:
+        """The request's grammar allows no further token (it cannot be satisfied, or it is
+        complete and end-of-generation is banned): end with stop type "grammar", no new token."""
+        seq.state = SeqState.DECODE
+        seq.stop_type = "grammar"
+        text = seq.streamer.flush(False)
+        seq.content.append(text)
+        if seq.req.params.stream and text:
+            seq.emit(TokenEvent(seq.id, seq.req.index, text, [], seq.n_decoded, seq.n_prompt, []))
+        p = seq.req.params
+        n_predict = p.n_predict if p.n_predict != -1 else self.cfg.n_predict
+        self.slots[seq.slot_id].next_token = NextToken(
+            has_next_token=False, has_new_line="\n" in "".join(seq.content),
+            n_remain=(n_predict - seq.n_decoded) if n_predict >= 0 else -1, n_decoded=seq.n_decoded,
+        )
+        self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
         st = self.stats

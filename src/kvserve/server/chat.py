@@ -25,6 +25,7 @@ from kvserve.server.chat_tools import (
 from kvserve.server.engine_api import ChatTemplateLike
 from kvserve.server.errors import ApiError, invalid, server_error, unsupported_field
 from kvserve.server.settings import ServerSettings
+from kvserve.server.grammar_fields import response_format_schema
 from kvserve.server.unsupported import check_chat
 
 _MEDIA_PARTS = ("image_url", "input_audio", "input_video", "audio_url", "video_url")
@@ -203,15 +204,10 @@ def prepare_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerS
 
     if body.get("json_schema") is not None and body.get("grammar"):
         raise invalid("Cannot use both json_schema and grammar")
-    rf = body.get("response_format")
-    if rf is not None:
-        rtype = rf.get("type", "") if isinstance(rf, dict) else ""
-        if not isinstance(rtype, str):
-            rtype = ""
-        if rtype in ("json_object", "json_schema"):
-            raise unsupported_field("response_format", f"type '{rtype}' needs schema-constrained sampling")
-        if rtype not in ("", "text"):
-            raise invalid(f'response_format type must be one of "text" or "json_object", but got: {rtype}')
+    if "response_format" in body:
+        schema = response_format_schema(body.get("response_format"), body.get("json_schema"))
+        if schema is not None:
+            params["json_schema"] = schema
 
     rendered = render_chat_full(body, tmpl, s)
     params["prompt"] = rendered.prompt

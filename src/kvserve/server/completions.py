@@ -22,6 +22,7 @@ from kvserve.server.dispatch import ClientGone, Dispatch, error_of
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid
 from kvserve.server.jsonio import JSONResponse, error_response
+from kvserve.server.grammar_fields import compile_grammar
 from kvserve.server.params import CompletionParams, parse_completion_params
 from kvserve.server.prompts import (
     build_infill,
@@ -121,6 +122,7 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     engine: EngineAPI = request.app.state.engine
     s: ServerSettings = request.app.state.settings
     prompts, params = prepare(kind, body, engine, s)
+    params.req.grammar = await compile_grammar(engine, params.grammar)
 
     needs_prompt_text = kind in (Kind.NATIVE, Kind.INFILL) or params.verbose
     prompt_texts = [engine.tokenizer.decode(p, True) for p in prompts] if needs_prompt_text else []

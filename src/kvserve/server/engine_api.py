@@ -69,6 +69,11 @@ class EngineAPI(Protocol):
     def n_slots(self) -> int: ...
     @property
     def ready(self) -> bool: ...
+    @property
+    def grammar_compiler(self) -> Any:
+        """``kvserve.grammar.GrammarCompiler`` for this model; ``compile(spec)`` is thread-safe
+        and may block (the server calls it from a worker thread)."""
+        ...
 
     def model_info(self) -> dict[str, Any]:
         """vocab_type, n_vocab, n_ctx_train, n_embd, n_params, size, ftype (str), path."""

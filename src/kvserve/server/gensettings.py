@@ -13,10 +13,12 @@ from typing import Any
 
 from kvserve.engine.request import RequestParams
 from kvserve.engine.sampling_params import SamplingParams
+from kvserve.server.grammar_fields import trigger_json
 
 
 def task_settings(req: RequestParams, reasoning_format: str = "deepseek", chat_format: str = "Content-only",
                   generation_prompt: str = "") -> dict[str, Any]:
+    spec = req.grammar.spec if req.grammar is not None else None
     return {
         "stop": list(req.stop),
         "max_tokens": req.n_predict,
@@ -24,9 +26,9 @@ def task_settings(req: RequestParams, reasoning_format: str = "deepseek", chat_f
         "n_keep": req.n_keep,
         "n_discard": req.n_discard,
         "stream": req.stream,
-        "grammar": "",
-        "grammar_lazy": False,
-        "grammar_triggers": [],
+        "grammar": spec.describe() if spec is not None else "",
+        "grammar_lazy": spec.lazy if spec is not None else False,
+        "grammar_triggers": [trigger_json(t) for t in spec.triggers] if spec is not None else [],
         "preserved_tokens": [],
         "chat_format": chat_format,
         "reasoning_format": reasoning_format,

@@ -13,11 +13,13 @@ from typing import Any
 
 from kvserve.engine.request import RequestParams
 from kvserve.engine.sampling_params import SamplingParams, parse_samplers
+from kvserve.grammar.spec import GrammarSpec
 from kvserve.server import fields as F
 from kvserve.server.chat_parsing import ChatSyntax
 from kvserve.server.engine_api import TokenizerLike
 from kvserve.server.errors import invalid
 from kvserve.server.settings import SAMPLING_DEFAULTS, ServerSettings
+from kvserve.server.grammar_fields import grammar_spec
 from kvserve.server.unsupported import check_completion
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
@@ -39,6 +41,7 @@ class CompletionParams:
     chat_format: str = "Content-only"
     generation_prompt: str = ""
     chat_syntax: ChatSyntax | None = None  # chat requests: how the output is parsed
+    grammar: GrammarSpec | None = None  # compiled into req.grammar before submission
 
     def child(self, j: int) -> RequestParams:
         """Parameters of the j-th of n_cmpl parallel samples: seed + j (unless random), any slot."""
@@ -96,6 +99,7 @@ def _samplers(v: Any, current: list[str]) -> list[str]:
 
 def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: TokenizerLike) -> CompletionParams:
     check_completion(data, s.unsupported_features)
+    grammar = grammar_spec(data, s.grammar, tok)
     d = s.sampling_defaults
     sv: dict[str, Any] = {k: d.get(k, v) for k, v in SAMPLING_DEFAULTS.items()}
     sv["samplers"] = list(sv["samplers"])
@@ -208,5 +212,5 @@ def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: Tokeni
     return CompletionParams(
         req=req, eog_ids=tuple(sorted(int(t) for t in tok.eog_ids)), n_cmpl=n_cmpl, verbose=verbose, include_usage=include_usage,
         sse_ping_interval=ping, response_fields=response_fields, reasoning_format=reasoning_format,
-        generation_prompt=generation_prompt,
+        generation_prompt=generation_prompt, grammar=grammar,
     )

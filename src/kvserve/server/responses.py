@@ -84,7 +84,7 @@ def probs_json(probs: Sequence[TokenProb], post_sampling: bool) -> list[dict[str
 
 
 def finish_reason(stop_type: str, has_tool_calls: bool = False) -> str:
-    if stop_type in ("eos", "word"):
+    if stop_type in ("eos", "word", "grammar"):
         return "tool_calls" if has_tool_calls else "stop"
     return "length"
 

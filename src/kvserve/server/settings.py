@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kvserve
+from kvserve.grammar.spec import GrammarSpec
 
 # Request-field name -> llama-server default (common_params_sampling and task params).
 SAMPLING_DEFAULTS: dict[str, Any] = {
@@ -141,6 +142,7 @@ class ServerSettings:
     slots_debug: bool = False
     reuse_port: bool = False
     unsupported_features: dict[str, str] = field(default_factory=dict)
+    grammar: GrammarSpec | None = None  # --grammar/--grammar-file/-j/-jf: every request's default
 
     @property
     def model_id(self) -> str:
@@ -214,6 +216,7 @@ class ServerSettings:
             reuse_port=bool(_pick(cfg, False, "reuse_port")),
             unsupported_features=dict(_pick(cfg, {}, "unsupported_features")),
             slots_debug=os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0"),
+            grammar=_pick(cfg, None, "grammar_default", "sampling.grammar_default"),
         )
 
 

@@ -1,8 +1,8 @@
 """Request fields kvserve does not implement: refused with a 400 naming the field.
 
 llama-server would honour these; silently ignoring them would change results without the
-client noticing (a grammar that is not applied, an adapter that is not used). Fields whose
-default/neutral value is harmless (``grammar: ""``, ``lora: []``, ``tools: []``) pass.
+client noticing (an adapter that is not used). Fields whose default/neutral value is harmless
+(``lora: []``, ``tools: []``) pass.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvserve.server.errors import unsupported_feature, unsupported_field
+from kvserve.server.errors import unsupported_field
 
 
 def _truthy(v: Any) -> bool:
@@ -19,10 +19,7 @@ def _truthy(v: Any) -> bool:
 
 # field -> why (checked on every completion-like body, after chat conversion too)
 _REFUSED: dict[str, str] = {
-    "grammar": "grammar-constrained sampling is not implemented",
-    "json_schema": "schema-constrained sampling is not implemented",
-    "grammar_triggers": "lazy grammars are not implemented",
-    "preserved_tokens": "lazy grammars are not implemented",
+    "preserved_tokens": "rendering preserved special tokens is not implemented",
     "lora": "LoRA adapters are not implemented",
     "reasoning_control": "reasoning control is not implemented",
     "parse_tool_calls": "tool calls are not implemented",
@@ -32,7 +29,6 @@ _REFUSED: dict[str, str] = {
 
 # For docs/compat.md: every request field refused with a 400, and when.
 REFUSED_FIELDS: list[tuple[str, str]] = [(k, f"{why} (any non-empty value)") for k, why in _REFUSED.items()] + [
-    ("grammar_lazy", "lazy grammars are not implemented (true)"),
     ("reasoning_budget_tokens, thinking_budget_tokens", "reasoning budgets are not implemented (other than -1)"),
     ("echo", "echoing the prompt is not implemented (true)"),
     ("best_of", "use 'n' for several completions (> 1)"),
@@ -45,14 +41,10 @@ REFUSED_FIELDS: list[tuple[str, str]] = [(k, f"{why} (any non-empty value)") for
 
 
 def check_completion(body: dict[str, Any], features: Mapping[str, str] | None = None) -> None:
-    """``features``: server-wide features kvserve was asked for but lacks (``--grammar``...)."""
-    if features and "grammar" in features:
-        raise unsupported_feature("a server-wide grammar", features["grammar"])
+    """``features``: server-wide features kvserve was asked for but lacks."""
     for name, why in _REFUSED.items():
         if _truthy(body.get(name)):
             raise unsupported_field(name, why)
-    if body.get("grammar_lazy") is True:
-        raise unsupported_field("grammar_lazy", "lazy grammars are not implemented")
     for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
         v = body.get(name)
         if v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and v != -1:
