@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install serve test test-fast compat-doc
+.PHONY: install serve test test-fast compat-doc qwen
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ test: install $(CHROMIUM)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests
+
+qwen: install  # Qwen2.5-Coder-0.5B for the tool-call tests (the slow tests fetch it themselves too)
+	$(PY) -m tests.fetch_models .kvserve-cache/models
 
 compat-doc: install
 	$(PY) -m kvserve.args --write-compat docs/compat.md

