@@ -8,6 +8,7 @@ the small functions on ``EngineConfig`` (spec §1.3), each a pure function of it
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -79,6 +80,7 @@ class ServerConfig:
     slot_save_path: str | None  # existing directory, ends with a separator
     ui: bool  # serve the built-in chat page (or static_path) at api_prefix + "/"
     static_path: str | None = None  # --path: an existing directory served instead of the page
+    ui_settings: Any = None  # --ui-config(-file) JSON, as given; /props shows it (None: {})
     prefill_assistant: bool = True
     reuse_port: bool = False
     # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
@@ -337,6 +339,12 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     static_path: str | None = v["static_path"] or None
     if v["ui"] and static_path and not os.path.isdir(static_path):
         raise ConfigError(f"error: static assets path not found: {static_path}")
+    ui_settings: Any = None
+    if v["ui_config"]:
+        try:
+            ui_settings = json.loads(v["ui_config"])
+        except ValueError as e:
+            raise ConfigError(f"error: failed to parse UI config: {e}") from None
 
     server = ServerConfig(
         host=v["host"], port=v["port"], api_prefix=v["api_prefix"], api_keys=tuple(v["api_keys"]),
@@ -353,8 +361,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         chat_template_kwargs=MappingProxyType(kwargs), slot_save_path=v["slot_save_path"] or None,
         reasoning_format=v["reasoning_format"] if parsed.explicit("reasoning_format") else "deepseek",
         reasoning=v["reasoning"], skip_chat_parsing=v["skip_chat_parsing"],
-        ui=v["ui"], static_path=static_path, prefill_assistant=v["prefill_assistant"],
-        reuse_port=v["reuse_port"],
+        ui=v["ui"], static_path=static_path, ui_settings=ui_settings,
+        prefill_assistant=v["prefill_assistant"], reuse_port=v["reuse_port"],
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
         grammar_default=_grammar_default(v),
     )

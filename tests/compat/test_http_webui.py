@@ -87,3 +87,10 @@ def test_static_path(tmp_path: Path) -> None:
     assert c.get("/llm/sub/a.txt").text == "A" and c.get("/sub/a.txt").status_code == 404
     c, _ = client(static_path=str(tmp_path), ui=False)
     assert c.get("/").status_code == 404
+
+
+def test_ui_settings_in_props() -> None:
+    c, _ = client()
+    assert c.get("/props").json()["ui_settings"] == {}
+    c, _ = client(ui_settings={"systemMessage": "Be kind.", "temperature": 0.3})
+    assert c.get("/props").json()["ui_settings"] == {"systemMessage": "Be kind.", "temperature": 0.3}

@@ -31,6 +31,8 @@ def _samples(tmp: Path) -> dict[str, tuple[str, Any, str, Any]]:
     (tmp / "keys2.txt").write_text("k5\n")
     (tmp / "t1.jinja").write_text("{{ messages }}")
     (tmp / "t2.jinja").write_text("{{ bos_token }}")
+    (tmp / "ui1.json").write_text('{"a": 1}')
+    (tmp / "ui2.json").write_text('{"b": 2}')
     (tmp / "slots1").mkdir(exist_ok=True)
     (tmp / "slots2").mkdir(exist_ok=True)
     sep = "/"
@@ -66,6 +68,7 @@ def _samples(tmp: Path) -> dict[str, tuple[str, Any, str, Any]]:
 _FILE_SAMPLES = {  # flags whose value is a file: the dest gets the file's content
     "--api-key-file": ("keys.txt", ("k3", "k4"), "keys2.txt", ("k5",)),
     "--chat-template-file": ("t1.jinja", "{{ messages }}", "t2.jinja", "{{ bos_token }}"),
+    "--webui-config-file": ("ui1.json", '{"a": 1}', "ui2.json", '{"b": 2}'),
 }
 
 
@@ -523,3 +526,23 @@ def test_ui_default_on_and_switches(tmp_path: Path) -> None:
         build_config(parse(["--path", str(tmp_path / "missing")])[0], warn=lambda m: None)
     # with the UI off the path is never opened, as in llama-server
     build_config(parse(["--no-ui", "--path", str(tmp_path / "missing")])[0], warn=lambda m: None)
+
+
+def test_ui_config_json_and_file(tmp_path: Path) -> None:
+    from kvserve.config import build_config
+
+    def ui_settings(argv: list[str], env: dict[str, str] | None = None) -> Any:
+        return build_config(parse(argv, env)[0], warn=lambda m: None).server.ui_settings
+
+    f = tmp_path / "ui.json"
+    f.write_text('{"systemMessage": "from file", "temperature": 0.2}')
+    assert ui_settings([]) is None
+    assert ui_settings(["--ui-config", '{"systemMessage": "hi"}']) == {"systemMessage": "hi"}
+    assert ui_settings(["--webui-config-file", str(f)]) == {"systemMessage": "from file", "temperature": 0.2}
+    assert ui_settings([], {"LLAMA_ARG_UI_CONFIG_FILE": str(f)})["systemMessage"] == "from file"
+    # both set the same setting: the later flag wins
+    assert ui_settings(["--ui-config-file", str(f), "--ui-config", "{}"]) == {}
+    assert ui_settings(["--ui-config", "{}", "--ui-config-file", str(f)])["temperature"] == 0.2
+    with pytest.raises(ConfigError, match="failed to parse UI config"):
+        ui_settings(["--ui-config", "{nope"])
+    assert "failed to open file" in error_of(["--ui-config-file", str(tmp_path / "missing.json")])

@@ -28,6 +28,7 @@ CHROMIUM_ARGS = [
 ]
 API_KEY = "sesame"
 PREFIX = "/llm"
+UI_CONFIG = {"systemMessage": "You are terse.", "max_tokens": 6}  # the page's defaults (--ui-config)
 TIMEOUT_MS = 60_000  # a loaded 2-core machine: generous, every wait is for a condition
 
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
@@ -154,9 +155,9 @@ def browser_session(playwright_driver: Any, tmp_path: Path, request: pytest.Fixt
 
 @pytest.fixture(scope="module")
 def chat_server() -> Iterator[LiveServer]:
-    """The default SmolLM2-135M on two slots, keyed and under an API prefix (one model load
-    serves every test)."""
+    """The default SmolLM2-135M on two slots, keyed, under an API prefix and with UI defaults
+    (one model load serves every test)."""
     srv = start_server("-np", "2", "-c", "4096", "--api-key", API_KEY, "--api-prefix", PREFIX,
-                       health=PREFIX + "/health")
+                       "--ui-config", json.dumps(UI_CONFIG), health=PREFIX + "/health")
     yield srv
     srv.stop()

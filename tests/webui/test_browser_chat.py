@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.compat.live import LiveServer
-from tests.webui.conftest import API_KEY, PREFIX
+from tests.webui.conftest import API_KEY, PREFIX, UI_CONFIG
 
 if os.environ.get("CI"):
     from playwright.sync_api import expect
@@ -140,9 +140,9 @@ def test_canned_streams_reasoning_errors_and_history(browser_session: Any, chat_
     s.allow_console_error(r"status of 400")
     page = s.page
     wait_ready(page)
-    set_settings(page, system="Be brief.", temperature=0.5, top_k=7, top_p=0.9, min_p=0.1, max_tokens=12)
 
-    timings = {"cache_n": 10, "prompt_n": 5, "predicted_n": 3, "predicted_per_second": 12.5, "prompt_ms": 40.0}
+    timings = {"cache_n": 10, "prompt_n": 5, "predicted_n": 3, "predicted_per_second": 12.5,
+               "prompt_ms": 40.0}
     answer = "Here:\n```py\nprint('<hi>')\n```\n<img src=x onerror=\"window.__pwned=1\"> **done**"
     good = sse(
         chunk({"role": "assistant", "content": None}, prompt_progress={"total": 15, "cache": 10,
@@ -151,16 +151,29 @@ def test_canned_streams_reasoning_errors_and_history(browser_session: Any, chat_
         chunk({"content": answer}, timings=timings),
         chunk({}, "stop", timings=timings),
     )
+    # nothing set by the user: the server's --ui-config defaults apply
     replies.append((200, good))
     msg = send(page, "First question")
     expect(msg).to_have_attribute("data-state", "done")
     body = json.loads(chat_posts(s)[-1].post_data)
+    assert body["messages"] == [{"role": "system", "content": UI_CONFIG["systemMessage"]},
+                                {"role": "user", "content": "First question"}]
+    assert body["max_tokens"] == UI_CONFIG["max_tokens"] and "temperature" not in body
+    assert body["stream"] is True and body["return_progress"] is True and body["timings_per_token"] is True
+    assert chat_posts(s)[-1].headers["authorization"] == f"Bearer {API_KEY}"
+
+    # the user's settings override them; regenerate sends the same question again
+    set_settings(page, system="Be brief.", temperature=0.5, top_k=7, top_p=0.9, min_p=0.1, max_tokens=12)
+    replies.append((200, good))
+    page.locator(".message.assistant .regenerate").click()
+    expect(page.locator(".message")).to_have_count(2)
+    msg = page.locator(".message.assistant").last
+    expect(msg).to_have_attribute("data-state", "done")
+    body = json.loads(chat_posts(s)[-1].post_data)
     assert body["messages"] == [{"role": "system", "content": "Be brief."},
                                 {"role": "user", "content": "First question"}]
-    assert body["stream"] is True and body["return_progress"] is True and body["timings_per_token"] is True
     assert {k: body[k] for k in ("temperature", "top_k", "top_p", "min_p", "max_tokens")} == {
         "temperature": 0.5, "top_k": 7, "top_p": 0.9, "min_p": 0.1, "max_tokens": 12}
-    assert chat_posts(s)[-1].headers["authorization"] == f"Bearer {API_KEY}"
 
     reasoning = msg.locator("details.reasoning")
     expect(reasoning.locator("summary")).to_have_text("Reasoning")
@@ -191,7 +204,7 @@ def test_canned_streams_reasoning_errors_and_history(browser_session: Any, chat_
     failed = page.locator(".message.assistant").last
     expect(failed).to_have_attribute("data-state", "error")
     expect(failed.locator(".error-text")).to_contain_text("engine exploded")
-    assert len(chat_posts(s)) == 3
+    assert len(chat_posts(s)) == 4
 
     # an HTTP error before the stream is shown too
     replies.append((400, json.dumps({"error": {"code": 400, "message": "bad field x",
@@ -240,7 +253,7 @@ def test_streamed_reply_cache_share_and_reload(browser_session: Any, chat_server
     s = browser_session(chat_server)
     page = s.page
     wait_ready(page)
-    set_settings(page, temperature=0, max_tokens=8)
+    set_settings(page, temperature=0, max_tokens=5)
     question = "What is the capital of France?"
     msg = send(page, question)
     # text arrives while the reply is still streaming
@@ -253,10 +266,12 @@ def test_streamed_reply_cache_share_and_reload(browser_session: Any, chat_server
     reply = conv["messages"][1]["content"]
     # exactly what the API answers for the same request (greedy)
     direct = httpx.post(chat_server.url + PREFIX + "/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": question}], "temperature": 0, "max_tokens": 8}, headers={"Authorization": f"Bearer {API_KEY}"}).json()
+        "messages": [{"role": "system", "content": UI_CONFIG["systemMessage"]},
+                     {"role": "user", "content": question}], "temperature": 0, "max_tokens": 5},
+        headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert reply == direct["choices"][0]["message"]["content"] and reply.strip()
     n = int(msg.locator(".stats").get_attribute("data-predicted-n"))
-    assert n == direct["usage"]["completion_tokens"] and 1 <= n <= 8
+    assert n == direct["usage"]["completion_tokens"] and 1 <= n <= 5
 
     # the second turn reuses the first turn's KV: the page shows the cached share
     msg2 = send(page, "And of Germany?")

@@ -126,8 +126,6 @@ WARNED: dict[str, str] = {
         "mmproj_offload", "mmproj_device", "image_min_tokens", "image_max_tokens", "mtmd_batch_max_tokens",
         "video_fps", "video_timestamp_interval", "video_ffmpeg_dir")},
     "llama_device": "kvserve chooses its device with --device (auto, cpu or cuda)",
-    "ui_config": "kvserve has no built-in web UI",
-    "ui_config_file": "kvserve has no built-in web UI",
 }
 
 # What a request that would use a warned flag's feature is told (400): feature -> (flags, why).

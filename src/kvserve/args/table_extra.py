@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .convert import _read_text
 from .spec import ArgType, FlagSpec, Warn
 from .status import PRESET_NAMES
 
@@ -22,6 +23,10 @@ def _removed(hint: str):  # noqa: ANN202 - a converter
         raise ValueError(f"the argument has been removed. {hint}")
 
     return convert
+
+
+def _read_text_file(text: str, warn: Warn) -> str:
+    return _read_text(text)
 
 
 def R(names: str, dest: str, type_: ArgType, help: str, *, hint: str | None = None, env: str | None = None,
@@ -186,10 +191,11 @@ _ROWS: tuple[FlagSpec, ...] = (
     R("--video-ffmpeg-dir", "video_ffmpeg_dir", S, "directory of ffmpeg and ffprobe", hint="DIR",
       env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
     # --- Web UI settings and agent tools ---------------------------------------------------------
-    R("--ui-config --webui-config", "ui_config", S, "default Web UI settings (JSON)", hint="JSON",
-      env="LLAMA_ARG_UI_CONFIG"),
-    R("--ui-config-file --webui-config-file", "ui_config_file", S, "file of default Web UI settings",
-      hint="PATH", env="LLAMA_ARG_UI_CONFIG_FILE"),
+    R("--ui-config --webui-config", "ui_config", S, "default Web UI settings (JSON), shown in /props",
+      hint="JSON", env="LLAMA_ARG_UI_CONFIG", notes="invalid JSON is fatal"),
+    R("--ui-config-file --webui-config-file", "ui_config", S, "file of default Web UI settings (JSON)",
+      hint="PATH", env="LLAMA_ARG_UI_CONFIG_FILE", convert=_read_text_file,
+      notes="the file is read at start; the later of the two flags wins"),
     R("--tools-runtime", "tools_runtime", S, "run tools in a separate runtime", hint="OPTION",
       env="LLAMA_ARG_TOOLS_RUNTIME"),
     R("--mcp-servers-config", "mcp_servers_config", S, "JSON file of MCP servers", hint="PATH",

@@ -83,6 +83,8 @@ def serve(engine: EngineAPI, cfg: Any) -> None:
     server, sockets, s = build_server(engine, cfg)
     for sock in sockets:
         log.info("server is listening on %s", _url(sock) + s.api_prefix)
+    if not s.ui:
+        log.info("the Web UI is disabled (--ui / --no-ui)")
     if s.cors_origins == "*" and not s.api_keys:
         log.warning("CORS allows any origin and no API key is set")
     try:

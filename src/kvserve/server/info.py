@@ -106,7 +106,7 @@ def props_body(engine: EngineAPI, s: ServerSettings) -> dict[str, Any]:
         "endpoint_props": s.endpoint_props,
         "endpoint_metrics": s.endpoint_metrics,
         "ui": s.ui,
-        "ui_settings": {},
+        "ui_settings": s.ui_settings,
         "chat_template": _template_source(tmpl) if tmpl is not None else "",
         "chat_template_caps": _template_caps(tmpl),
         "bos_token": str(getattr(tok, "bos_token", "") or ""),

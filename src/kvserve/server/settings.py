@@ -109,6 +109,7 @@ class ServerSettings:
     endpoint_props: bool = False
     ui: bool = True
     static_path: str = ""
+    ui_settings: Any = field(default_factory=dict)  # --ui-config JSON, shown in /props
     slot_save_path: str = ""
     timeout: int = 3600
     sse_ping_interval: int = 30
@@ -184,6 +185,7 @@ class ServerSettings:
             endpoint_props=bool(_pick(cfg, d.endpoint_props, "endpoint_props", "props")),
             ui=bool(_pick(cfg, d.ui, "ui")),
             static_path=str(_pick(cfg, "", "static_path") or ""),
+            ui_settings=_pick(cfg, {}, "ui_settings"),
             slot_save_path=str(_pick(cfg, "", "slot_save_path") or ""),
             timeout=int(_pick(cfg, d.timeout, "timeout")),
             sse_ping_interval=int(_pick(cfg, d.sse_ping_interval, "sse_ping_interval")),

@@ -9,11 +9,30 @@ const SAMPLING_FIELDS = ["temperature", "top_k", "top_p", "min_p", "max_tokens"]
 const SLOTS_POLL_MS = 1500;
 const HEALTH_POLL_MS = 1000;
 
+// Settings the user left empty fall back to the server's --ui-config defaults (/props ui_settings,
+// under llama-server's Web UI names), then to the server's own defaults (the field is not sent).
+const UI_SETTING_NAMES = {
+  system: ["systemMessage"], temperature: ["temperature"], top_k: ["top_k"], top_p: ["top_p"],
+  min_p: ["min_p"], max_tokens: ["max_tokens"], api_key: ["apiKey"],
+};
 let settings = store.loadSettings();
-const api = new Api(apiBase(location.pathname), () => settings.api_key);
+let serverUi = {};
+const api = new Api(apiBase(location.pathname), () => effective("api_key"));
 let conv = null; // the open conversation
 let streaming = null; // {controller, index} while a reply streams
 let ready = false;
+
+function serverDefault(k) {
+  for (const name of UI_SETTING_NAMES[k]) {
+    const v = serverUi?.[name];
+    if (v !== undefined && v !== null && v !== "") return String(v);
+  }
+  return "";
+}
+
+function effective(k) {
+  return settings[k] !== "" ? settings[k] : serverDefault(k);
+}
 
 // --- errors and status -----------------------------------------------------------------------
 function showError(message, kind = "error") {
@@ -68,6 +87,7 @@ async function waitForHealth() {
 async function loadProps() {
   try {
     const props = await api.getJSON("/props");
+    serverUi = props.ui_settings && typeof props.ui_settings === "object" ? props.ui_settings : {};
     const n_ctx = props.default_generation_settings?.n_ctx;
     $("model").textContent = `${props.model_alias ?? "model"}${n_ctx ? ` · ctx ${n_ctx}` : ""}`;
     $("model").title = props.model_path ?? "";
@@ -157,13 +177,14 @@ function updateComposer() {
 // --- generation ------------------------------------------------------------------------------
 function requestBody() {
   const messages = [];
-  if (settings.system.trim()) messages.push({ role: "system", content: settings.system });
+  const system = effective("system");
+  if (system.trim()) messages.push({ role: "system", content: system });
   for (const m of conv.messages) {
     if (m.role === "assistant" && !m.content) continue; // failed or stopped before any text
     messages.push({ role: m.role, content: m.content });
   }
   const body = { messages, return_progress: true, timings_per_token: true };
-  for (const k of SAMPLING_FIELDS) if (settings[k] !== "") body[k] = Number(settings[k]);
+  for (const k of SAMPLING_FIELDS) if (effective(k) !== "") body[k] = Number(effective(k));
   return body;
 }
 
@@ -272,7 +293,13 @@ function regenerate(i) {
 // --- settings --------------------------------------------------------------------------------
 function openSettings() {
   const form = $("settings-form");
-  for (const [k, v] of Object.entries(settings)) if (form.elements[k]) form.elements[k].value = v;
+  for (const [k, v] of Object.entries(settings)) {
+    const field = form.elements[k];
+    if (!field) continue;
+    field.value = v;
+    const fallback = serverDefault(k);
+    if (k !== "api_key") field.placeholder = fallback ? `${fallback} (server UI default)` : "server default";
+  }
   $("settings").showModal();
 }
 
