@@ -109,6 +109,7 @@ class FakeEngine:
     cancelled: set[int] = field(default_factory=set)
     slot_calls: list[tuple[int, str, str, str]] = field(default_factory=list)
     embed_calls: list[tuple[list[list[int]], str]] = field(default_factory=list)
+    compiled: list[Any] = field(default_factory=list)  # grammar specs passed to compile()
     error_after: int = -1  # emit a server error after this many tokens
     output: str = OUTPUT  # what the model "generates", cyclically, one character per token
     eos_at_end: bool = False  # stop (stop_type "eos") once ``output`` has been generated once
@@ -117,6 +118,16 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer(self.fim)
         self._ids = 100
         self._lock = threading.Lock()
+
+    @property
+    def grammar_compiler(self) -> Any:
+        """Records the specs it is asked to compile and hands them back as the "compiled" grammar
+        (the fake model never follows a grammar; real compilation is tested with real vocabularies)."""
+        return self
+
+    def compile(self, spec: Any) -> Any:
+        self.compiled.append(spec)
+        return spec
 
     def new_request_id(self) -> int:
         with self._lock:

@@ -142,6 +142,23 @@ def test_named_tool_choice_accepts_only_that_function() -> None:
     assert msg["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
+def test_required_and_named_choice_constrain_with_a_grammar() -> None:
+    other = {"type": "function", "function": {"name": "other", "parameters": {}}}
+    c, eng = make(HERMES_TEMPLATE, '{"name": "get_weather", "arguments": {"location": "Oslo"}}')
+    msg = chat(c, tools=[WEATHER, other], tool_choice="required").json()["choices"][0]["message"]
+    assert msg["tool_calls"][0]["function"]["name"] == "get_weather"  # bare JSON: what the grammar forces
+    spec = eng.submitted[-1].params.grammar
+    assert spec.kind == "lark" and not spec.lazy
+    assert '"{\\"name\\": \\"get_weather\\", \\"arguments\\": " args0' in spec.text and "other" in spec.text
+    chat(c, tools=[WEATHER, other], tool_choice={"type": "function", "function": {"name": "other"}})
+    spec = eng.submitted[-1].params.grammar
+    assert "other" in spec.text and "get_weather" not in spec.text
+    chat(c, tools=[WEATHER])  # auto: unconstrained
+    assert eng.submitted[-1].params.grammar is None
+    r = chat(c, tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"})
+    assert r.status_code == 400 and "cannot be combined" in r.json()["error"]["message"]
+
+
 def test_tool_history_is_rendered() -> None:
     c, eng = make(HERMES_TEMPLATE, "It is sunny.")
     msgs = USER + [

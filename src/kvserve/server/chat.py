@@ -22,10 +22,12 @@ from kvserve.server.chat_tools import (
     read_tool_request,
     supports_thinking,
 )
+from kvserve.grammar.spec import GrammarSpec
 from kvserve.server.engine_api import ChatTemplateLike
 from kvserve.server.errors import ApiError, invalid, server_error, unsupported_field
 from kvserve.server.settings import ServerSettings
 from kvserve.server.grammar_fields import response_format_schema
+from kvserve.server.tool_grammar import tool_call_grammar
 from kvserve.server.unsupported import check_chat
 
 _MEDIA_PARTS = ("image_url", "input_audio", "input_video", "audio_url", "video_url")
@@ -99,6 +101,7 @@ class RenderedChat:
     prompt: str
     generation_prompt: str  # what the generation prompt (and a prefilled reply) added
     syntax: ChatSyntax  # how the output is parsed
+    tool_grammar: GrammarSpec | None = None  # tool_choice required / named: the forced call
 
 
 def render_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings) -> str:
@@ -171,7 +174,8 @@ def render_chat_full(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: Ser
         prompt += str(last.get("content") or "")
         gen += str(last.get("content") or "")
     syntax = build_syntax(treq, tmpl, _reasoning_format(body, s), gen, s.skip_chat_parsing)
-    return RenderedChat(prompt, gen, syntax)
+    think_end = syntax.think.end if syntax.think is not None and syntax.opened else None
+    return RenderedChat(prompt, gen, syntax, tool_call_grammar(treq, think_end))
 
 
 def _try_render(tmpl: ChatTemplateLike, messages: list[dict[str, Any]], add_generation_prompt: bool,
@@ -196,8 +200,8 @@ def chat_to_completion(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: S
 
 
 def prepare_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerSettings
-                 ) -> tuple[dict[str, Any], ChatSyntax]:
-    """``chat_to_completion`` plus how the output of this request is parsed."""
+                 ) -> tuple[dict[str, Any], RenderedChat]:
+    """``chat_to_completion`` plus the rendered chat (how the output is parsed, the tool grammar)."""
     params: dict[str, Any] = {}
     stop = body.get("stop")
     params["stop"] = [stop] if isinstance(stop, str) else (stop if stop is not None else [])
@@ -212,6 +216,8 @@ def prepare_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerS
     rendered = render_chat_full(body, tmpl, s)
     params["prompt"] = rendered.prompt
     params["generation_prompt"] = rendered.generation_prompt
+    if rendered.tool_grammar is not None and params.get("json_schema", body.get("json_schema")) is not None:
+        raise invalid("A required tool call cannot be combined with response_format or json_schema")
 
     if body.get("logprobs") is True:
         if rendered.syntax.tools is not None and body.get("stream") is True:
@@ -224,4 +230,4 @@ def prepare_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerS
     for k, v in body.items():
         if k not in params or k == "n_predict":
             params[k] = v
-    return params, rendered.syntax
+    return params, rendered

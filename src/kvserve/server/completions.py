@@ -60,9 +60,9 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
                 if not isinstance(body[name], (str, list)):
                     raise invalid(f'"{name}" must be a string or an array of strings and tokens')
             extra = validate_input_extra(body.get("input_extra"))
-        syntax = None
+        rendered = None
         if kind is Kind.OAI_CHAT:
-            data, syntax = prepare_chat(body, engine.chat_template, s)
+            data, rendered = prepare_chat(body, engine.chat_template, s)
         else:
             data = body
         if kind is Kind.INFILL:
@@ -76,8 +76,10 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
                 raise invalid("[json.exception.out_of_range.403] key 'prompt' not found")
             prompts = tokenize_prompts(tok, data["prompt"], True, True)
             params = parse_completion_params(data, s, tok)
-            if syntax is not None:
-                params.chat_syntax = syntax
+            if rendered is not None:
+                params.chat_syntax = rendered.syntax
+                if rendered.tool_grammar is not None:
+                    params.grammar = rendered.tool_grammar
                 params.chat_format = "peg-native" if s.jinja else "Content-only"
         for p in prompts:
             validate_tokens(p, tok.n_vocab)
