@@ -19,6 +19,9 @@ positions it computes. Conditions:
     chunk_C               the prompt in successive plans of C tokens
     ubatch_U              one plan split by the runner into micro-batches of U tokens, the
                           split falling inside the prompt
+    quant_vs_f32          (--vs-f32) the model's weights as loaded (by default kept quantized)
+                          against every weight dequantized to float32: cold against cold.
+                          Different arithmetic by design: reported, never gated
 
 For the positions a condition computes it reports max |Δlogit| against cold and the number of
 disagreements at decided positions (cold's top-1 beats its top-2 by more than --threshold).
@@ -29,6 +32,7 @@ position or did not set up what it claims (e.g. the expected cache hit).
     python bench/logit_traces.py                    # SmolLM2, full conditions
     python bench/logit_traces.py --fast             # short prompts, few conditions (< 60 s, CPU)
     python bench/logit_traces.py --model gemma3 --device cuda --dtype bf16
+    python bench/logit_traces.py --fast --vs-f32   # also: quantized weights vs the f32 reference
 """
 
 from __future__ import annotations
@@ -497,6 +501,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default f32 on CPU, bf16 on CUDA")
     p.add_argument("--max-tokens", type=int, default=0, help="cut every prompt to this many tokens")
+    p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense"],
+                   help="weight layout (auto: kept quantized on CPU with f32, else dequantized)")
+    p.add_argument("--vs-f32", action="store_true",
+                   help="add quant_vs_f32: cold logits against a second copy with every weight in f32")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for this run (default: 1 with --fast, else unchanged). Small "
                         "forwards gain nothing from more, and on shared cores extra threads oversubscribe")
@@ -521,7 +529,7 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
     dtype = args.dtype or ("bf16" if args.device == "cuda" else "f32")
     name, path = resolve_model(args.model)
     if loaded is None:
-        loaded = load_gguf(path, dtype=DTYPES[dtype], device=args.device)
+        loaded = load_gguf(path, dtype=DTYPES[dtype], device=args.device, weights=args.weights)
     else:
         dtype = str(loaded.dtype).replace("torch.", "")
     s = settings_for(args.fast, args.threshold)
@@ -536,7 +544,8 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
                      + (f", sliding window {cfg.sliding_window}" if cfg.sliding_window else "") + ")",
             "device": str(loaded.device) + (f" ({torch.get_num_threads()} threads)" if loaded.device.type == "cpu"
                                             else f" ({torch.cuda.get_device_name(loaded.device)})"),
-            "dtype (weights and KV)": dtype,
+            "dtype (activations and KV)": dtype,
+            "weights": loaded.weights + (f" ({loaded.summary.line()})" if loaded.summary else ""),
             "torch": torch.__version__,
             "mode": "fast" if args.fast else "full",
             "prompts (tokens)": ", ".join(str(len(t)) for t in traces),
@@ -551,6 +560,11 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
     lab = Lab(loaded, n_pages, s.page_size)
     ulab = Lab(loaded, -(-(n_max + s.ubatch) // s.page_size) + 8, s.page_size, s.ubatch)
     conds = {c: Cond(c, c != "kv_shift_reuse") for c in s.condition_names()}
+    ref_lab = None
+    if args.vs_f32:
+        ref = load_gguf(loaded.path, dtype=torch.float32, device=loaded.device, weights="dense")
+        ref_lab = Lab(ref, -(-n_max // s.page_size) + 8, s.page_size)
+        conds["quant_vs_f32"] = Cond("quant_vs_f32", False)
     for k, ids in enumerate(traces):
         other = fillers[k % len(fillers)]
         t0 = time.perf_counter()
@@ -560,6 +574,12 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
         # Full mode re-runs the reference (run-to-run determinism); fast mode only counts it.
         compare(conds["cold"], cold, cold if s.fast else lab.cold(ids), s.threshold)
         conds["cold"].seconds += time.perf_counter() - t0
+        if ref_lab is not None:
+            t0 = time.perf_counter()
+            ref_lab.poison()
+            conds["quant_vs_f32"].prompts += 1
+            compare(conds["quant_vs_f32"], ref_lab.cold(ids), cold, s.threshold)
+            conds["quant_vs_f32"].seconds += time.perf_counter() - t0
         job = Job(lab, ulab, s, k, ids, cold, other, fillers[(k + 1) % len(fillers)], fillers)
         for cname in s.condition_names()[1:]:
             t0 = time.perf_counter()

@@ -39,10 +39,13 @@ def build_engine(cfg: Config):
     if e.cache_type_k != e.cache_type_v:
         raise ConfigError("error: -ctk and -ctv must name the same type in kvserve (one KV page layout)")
     path = e.model_path or default_model_path()
-    loaded = load_gguf(path, dtype=dtype, device=device)
-    logging.getLogger("kvserve").info(
+    loaded = load_gguf(path, dtype=dtype, device=device, weights=e.resolve_weights(device))
+    log = logging.getLogger("kvserve")
+    log.info(
         "model loaded: %s (%s, %d layers) in %.1f s", loaded.cfg.name, loaded.cfg.arch, loaded.cfg.n_layer, loaded.load_s
     )
+    if loaded.summary is not None:
+        log.info("%s", loaded.summary.line())
     tokenizer = Tokenizer.from_metadata(loaded.metadata)
     try:
         template = ChatTemplate.from_metadata(loaded.metadata, s.chat_template, jinja=s.jinja)
@@ -70,7 +73,15 @@ def build_engine(cfg: Config):
         "initializing, n_slots = %d, n_ctx_slot = %d, kv_unified = %s", plan.n_parallel, plan.n_ctx_slot,
         str(plan.kv_unified).lower(),
     )
-    return Engine(loaded, tokenizer, template, opts)
+    engine = Engine(loaded, tokenizer, template, opts)
+    mem = engine.memory_info()
+    budget = mem["cache_ram_budget_bytes"]
+    log.info(
+        "memory: weights %.1f MiB (%s), KV pool %.1f MiB (%d pages), prompt-cache budget %s",
+        mem["weight_bytes"] / 2**20, loaded.weights, mem["kv_pool_bytes"] / 2**20, mem["kv_pool_pages"],
+        "unlimited" if budget < 0 else f"{budget / 2**20:.1f} MiB",
+    )
+    return engine
 
 
 class LoadingEngine:

@@ -191,10 +191,14 @@ class EngineConfig:
         return self.device
 
     def resolve_dtype(self, device: str) -> str:
-        """``auto`` is f32 on CPU and bf16 on CUDA."""
+        """Activation dtype: ``auto`` is f32 on CPU and bf16 on CUDA."""
         if self.dtype != "auto":
             return self.dtype
         return "bf16" if device == "cuda" else "f32"
+
+    def resolve_weights(self, device: str) -> str:
+        """``quant`` (weights repacked, kept quantized) for ``auto`` on CPU; else ``dense``."""
+        return "quant" if self.dtype == "auto" and device == "cpu" else "dense"
 
 
 @dataclass(frozen=True)

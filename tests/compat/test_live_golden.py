@@ -45,7 +45,8 @@ def test_real_body_shapes(live, name: str, method: str, path: str, body: Any) ->
     assert r.headers["content-type"] == "application/json; charset=utf-8"
     ours = r.json()
     if name == "GET /props":
-        assert ours.pop("kvserve_cache")["cache_ram_budget_bytes"] > 0  # kvserve's one extra key
+        assert ours.pop("kvserve_cache")["cache_ram_budget_bytes"] > 0  # kvserve's extra keys
+        assert ours.pop("kvserve_memory")["weights"] == "quant"
     if name in ("GET /slots", "GET /v1/models"):
         same_shape(want[0] if isinstance(want, list) else want, ours[0] if isinstance(ours, list) else ours)
     else:

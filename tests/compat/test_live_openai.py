@@ -110,6 +110,11 @@ def test_props_show_the_cache_budget(server):
     assert cache["cache_ram_budget_bytes"] == pages * cache["page_bytes"]
     assert cache["retained_bytes"] <= cache["cache_ram_budget_bytes"]
     assert props["total_slots"] == 2 and props["default_generation_settings"]["n_ctx"] == 2048
+    mem = props["kvserve_memory"]  # weights stay quantized: well under the f32 size of 135M parameters
+    assert mem["weights"] == "quant" and 50 << 20 < mem["weight_bytes"] < 200 << 20
+    assert mem["kv_pool_bytes"] == cache["pool_pages"] * cache["page_bytes"]
+    assert mem["cache_ram_budget_bytes"] == cache["cache_ram_budget_bytes"]
+    assert set(mem["weight_paths"]) == {"int4", "rows"}
 
 
 def test_n_choices_fan_out_to_slots(client):

@@ -187,6 +187,8 @@ def test_device_and_dtype_resolution() -> None:
     e = cfg()[0].engine
     assert e.resolve_device(cuda_available=False) == "cpu" and e.resolve_dtype("cpu") == "f32"
     assert e.resolve_device(cuda_available=True) == "cuda" and e.resolve_dtype("cuda") == "bf16"
+    assert e.resolve_weights("cpu") == "quant" and e.resolve_weights("cuda") == "dense"
+    assert cfg("--dtype", "f32")[0].engine.resolve_weights("cpu") == "dense"  # the reference path
     e = cfg("--device", "cuda", "--dtype", "f16")[0].engine
     assert e.resolve_dtype("cuda") == "f16"
     with pytest.raises(ConfigError, match="CUDA is not available"):

@@ -42,7 +42,7 @@ def test_unknown_architecture_is_refused(tmp_path):
 def test_quantized_weights_load(tmp_path):
     for q in ("Q8_0", "Q4_0", "Q4_1", "F16"):
         spec = SynthSpec(arch="llama", n_embd=64, n_ff=128, qtype=q)
-        loaded = load_gguf(write_random_gguf(str(tmp_path / f"{q}.gguf"), spec))
+        loaded = load_gguf(write_random_gguf(str(tmp_path / f"{q}.gguf"), spec), weights="dense")
         assert loaded.model.layers[0].attn.q.weight.dtype == torch.float32
         assert torch.isfinite(loaded.model.layers[0].mlp.down.weight).all()
 
@@ -57,3 +57,27 @@ def test_half_precision_runs_close_to_fp32(dtype, tmp_path):
     out = half.run(Plan((SeqChunk(0, ids, 0, (0, 1, 2), "all"),))).logits[0]
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert (out - ref).abs().max().item() / ref.abs().max().item() < 0.1
+
+
+@pytest.mark.parametrize("arch,qtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0"), ("qwen3", "Q4_1")])
+def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
+    """Default (repacked, fused) weights against every tensor dequantized to f32, on prefill
+    (dequantize + GEMM) and on one-token decode steps (int4 kernel)."""
+    spec = SynthSpec(arch=arch, qtype=qtype, sliding_window=16 if arch == "gemma3" else 0, n_vocab=700)
+    path = write_random_gguf(str(tmp_path / f"{arch}.gguf"), spec)
+    quant, dense = load_gguf(path), load_gguf(path, weights="dense")
+    assert quant.weights == "quant" and dense.weights == "dense"
+    assert quant.weight_bytes < dense.weight_bytes / 2
+    attn = quant.model.layers[0].attn
+    assert attn.qkv is not None and not hasattr(attn, "q")  # Q, K, V fused at load
+    runners = [ModelRunner(m, n_pages=8) for m in (quant, dense)]
+    ids = tuple(range(5, 45))
+    outs = [r.run(Plan((SeqChunk(0, ids, 0, (0, 1, 2, 3), "all"),))).logits[0] for r in runners]
+    for pos in range(40, 44):  # decode steps on both
+        steps = [r.run(Plan((SeqChunk(0, (7 + pos,), pos, (0, 1, 2, 3), "last"),))).logits[0] for r in runners]
+        outs = [torch.cat([o, s]) for o, s in zip(outs, steps)]
+    q, d = outs
+    assert (q - d).abs().max().item() <= 0.05 * d.abs().max().item()
+    top2 = d.topk(2, -1).values
+    decided = (top2[:, 0] - top2[:, 1]) > 0.05 * d.abs().max().item()
+    assert bool((q.argmax(-1) == d.argmax(-1))[decided].all())

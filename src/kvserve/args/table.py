@@ -342,7 +342,8 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("-bs --backend-sampling", "backend_sampling", V, False, "backend sampling (experimental)",
       env="LLAMA_ARG_BACKEND_SAMPLING", group=_SMP),
     # --- kvserve only ---------------------------------------------------------------------------
-    F("--dtype", "dtype", S, "auto", "compute dtype: auto (f32 on CPU, bf16 on CUDA), f32, bf16, f16",
+    F("--dtype", "dtype", S, "auto", "weights and compute dtype: auto (on CPU: GGUF weights stay quantized, activations f32; on CUDA: bf16), "
+      "f32 (every weight dequantized to f32: the reference), bf16, f16",
       env="KVSERVE_ARG_DTYPE", hint="{auto,f32,bf16,f16}",
       convert=_choice("--dtype", ("auto", "f32", "bf16", "f16")),
       group="kvserve", kvserve_only=True),

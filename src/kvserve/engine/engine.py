@@ -175,6 +175,19 @@ class Engine:
                 "free_pages": st.free_pages,
             }
 
+    def memory_info(self) -> dict[str, Any]:
+        """Resident bytes by owner, for the load log and /props."""
+        limit = self.cache.retain_limit_pages
+        summary = self.loaded.summary
+        return {
+            "weights": self.loaded.weights,
+            "weight_bytes": self.loaded.weight_bytes,
+            "weight_paths": summary.as_dict() if summary is not None else {},
+            "kv_pool_pages": self.cache.pool.n_pages,
+            "kv_pool_bytes": self.cache.pool.n_pages * self.page_bytes,
+            "cache_ram_budget_bytes": -1 if limit is None else limit * self.page_bytes,
+        }
+
     def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
         slot_id = id_slot % self.n_slots
         if self.scheduler.slots[slot_id].busy:

@@ -30,9 +30,14 @@ class GatedMLP(nn.Module):
         self.gate = nn.Linear(n_embd, n_ff, bias=False)
         self.up = nn.Linear(n_embd, n_ff, bias=False)
         self.down = nn.Linear(n_ff, n_embd, bias=False)
+        self.gate_up: nn.Module | None = None  # gate and up fused at load (replaces the two)
+        self.n_ff = n_ff
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.gate(x)
+        if self.gate_up is not None:
+            g, u = self.gate_up(x).split((self.n_ff, self.n_ff), dim=-1)
+        else:
+            g, u = self.gate(x), self.up(x)
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        return self.down(g * self.up(x))
+        return self.down(g * u)

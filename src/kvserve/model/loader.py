@@ -1,4 +1,9 @@
-"""GGUF file → (frozen config, nn.Module with dequantized weights), loaded once."""
+"""GGUF file → (frozen config, nn.Module), loaded once.
+
+Two weight layouts: ``quant`` (the default on the CPU) repacks each weight into the layout of
+the kernel that runs it (see ``quant/build.py``) and keeps token embeddings in their GGUF
+encoding; ``dense`` dequantizes every tensor to one dtype (the float32 reference).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from .arch import ARCHITECTURES
 from .config import ModelConfig, UnsupportedModelError, config_from_metadata
 from .gguf_meta import read_metadata
 from .quant import dequantize
+from .quant.build import RawTensor, WeightSummary, fuse_groups, linear
+from .quant.embedding import QuantEmbedding
 
 # GGUF tensor-name suffix → module parameter path inside a block.
 _BLOCK_NAMES = {
@@ -51,6 +58,9 @@ class LoadedModel:
     n_params: int
     file_size: int
     digest: str  # identifies the model file for cache identity
+    weights: str = "dense"  # quant | dense
+    weight_bytes: int = 0  # bytes of parameters and buffers the model holds
+    summary: WeightSummary | None = None  # per-path tensors and bytes (quant layout)
 
 
 def param_name(gguf_name: str) -> str:
@@ -82,9 +92,20 @@ def _progress(total: int):
     return None
 
 
-def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
+def _module_bytes(model: nn.Module) -> int:
+    return sum(t.nbytes for t in model.parameters()) + sum(b.nbytes for b in model.buffers())
+
+
+def load_gguf(
+    path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", weights: str = "auto"
+) -> LoadedModel:
+    """``weights``: ``quant``, ``dense``, or ``auto`` = quant for float32 on the CPU, else dense."""
     t0 = time.perf_counter()
     device = torch.device(device)
+    if weights == "auto":
+        weights = "quant" if device.type == "cpu" and dtype == torch.float32 else "dense"
+    if weights == "quant" and device.type != "cpu":
+        raise UnsupportedModelError("quantized weights run on the CPU only; use --dtype bf16 on CUDA")
     reader = GGUFReader(path, "r")
     meta = read_metadata(reader)
     names = {t.name for t in reader.tensors}
@@ -94,6 +115,8 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
         model = ARCHITECTURES[cfg.arch](cfg)
     expected = dict(model.named_parameters())
     state: dict[str, torch.Tensor] = {}
+    raws: dict[str, RawTensor] = {}  # quant layout: 2-D weights, by module path
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     bar = _progress(len(reader.tensors))
     for t in reader.tensors:
         if t.tensor_type not in known:
@@ -102,20 +125,25 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
         if pname not in expected:
             raise UnsupportedModelError(f"tensor '{t.name}' does not belong to architecture '{cfg.arch}'")
         shape = tuple(int(x) for x in reversed(t.shape))
-        w = dequantize(t.data, t.tensor_type, shape)
-        if tuple(w.shape) != tuple(expected[pname].shape):
+        if shape != tuple(expected[pname].shape):
             raise UnsupportedModelError(
-                f"tensor '{t.name}' has shape {tuple(w.shape)}, expected {tuple(expected[pname].shape)}"
+                f"tensor '{t.name}' has shape {shape}, expected {tuple(expected[pname].shape)}"
             )
-        state[pname] = w.to(device=device, dtype=dtype)
+        mod = pname.rpartition(".")[0]
+        if weights == "quant" and pname.endswith(".weight") and (mod in linears or mod == "embed"):
+            raws[mod] = RawTensor(t.data, t.tensor_type, (shape[0], shape[1]))
+        else:
+            state[pname] = dequantize(t.data, t.tensor_type, shape).to(device=device, dtype=dtype)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(set(expected) - set(state) - {f"{m}.weight" for m in raws})
     if missing:
         raise UnsupportedModelError(f"GGUF file lacks tensors for: {', '.join(missing[:8])}")
+    summary = _repack(model, cfg, raws, state) if weights == "quant" else None
     model.load_state_dict(state, assign=True, strict=True)
+    del reader, raws  # unmaps the file: only repacked copies stay resident
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()
@@ -130,4 +158,30 @@ def load_gguf(path: str, dtype: torch.dtype = torch.float32, device: str | torch
         n_params=sum(p.numel() for p in model.parameters()),
         file_size=os.path.getsize(path),
         digest=file_digest(path),
+        weights=weights,
+        weight_bytes=_module_bytes(model),
+        summary=summary,
     )
+
+
+def _repack(model: nn.Module, cfg: ModelConfig, raws: dict[str, RawTensor], state: dict[str, torch.Tensor]) -> WeightSummary:
+    """Replace the model's nn.Linear/nn.Embedding modules by repacked ones; biases move into them."""
+    summary = WeightSummary()
+    embed = raws.pop("embed")
+    for name, members in fuse_groups(raws):
+        tensors = [raws[m] for m in members]
+        biases = [state.pop(f"{m}.bias", None) for m in members]
+        mod = linear(tensors, biases)
+        summary.add(mod.path, tensors, mod.weight_bytes())
+        for m in members:
+            parent, _, leaf = m.rpartition(".")
+            delattr(model.get_submodule(parent), leaf)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, mod)
+    if cfg.tied_embeddings:  # the output head multiplies by the embedding matrix: give it a fast layout
+        head = linear([embed], [None])
+        summary.add(head.path, [embed], head.weight_bytes())
+        model.lm_head = head
+    model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape)
+    summary.add("rows", [embed], model.embed.weight_bytes())
+    return summary

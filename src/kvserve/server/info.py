@@ -120,8 +120,14 @@ def props_body(engine: EngineAPI, s: ServerSettings) -> dict[str, Any]:
 
 def _cache_props(engine: EngineAPI) -> dict[str, Any]:
     """kvserve's prompt-cache settings and state (an extra key; llama-server clients ignore it)."""
+    out: dict[str, Any] = {}
     info = getattr(engine, "cache_info", None)
-    return {"kvserve_cache": info()} if callable(info) else {}
+    if callable(info):
+        out["kvserve_cache"] = info()
+    mem = getattr(engine, "memory_info", None)
+    if callable(mem):
+        out["kvserve_memory"] = mem()
+    return out
 
 
 def slot_json(v: SlotView) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class Attention(nn.Module):
         self.k = nn.Linear(cfg.n_embd, cfg.n_head_kv * hd, bias=cfg.qkv_bias)
         self.v = nn.Linear(cfg.n_embd, cfg.n_head_kv * hd, bias=cfg.qkv_bias)
         self.o = nn.Linear(cfg.n_head * hd, cfg.n_embd, bias=False)
+        self.qkv: nn.Module | None = None  # q, k and v fused at load (replaces the three)
+        self.qkv_sizes = (cfg.n_head * hd, cfg.n_head_kv * hd, cfg.n_head_kv * hd)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_eps)
@@ -39,9 +41,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeTable, kv: PagedKVStore, meta: AttnMeta) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
-        q = self.q(x).view(t, cfg.n_head, cfg.head_dim)
-        k = self.k(x).view(t, cfg.n_head_kv, cfg.head_dim)
-        v = self.v(x).view(t, cfg.n_head_kv, cfg.head_dim)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split(self.qkv_sizes, dim=-1)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q = q.view(t, cfg.n_head, cfg.head_dim)
+        k = k.view(t, cfg.n_head_kv, cfg.head_dim)
+        v = v.view(t, cfg.n_head_kv, cfg.head_dim)
         if cfg.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -100,5 +106,6 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        w = self.embed.weight if self.cfg.tied_embeddings else self.lm_head.weight
-        return F.linear(hidden, w).float()
+        if "lm_head" in self._modules:  # also set for tied embeddings when weights are repacked
+            return self.lm_head(hidden).float()
+        return F.linear(hidden, self.embed.weight).float()

@@ -1,0 +1,110 @@
+"""Choose a layout per GGUF weight and build the modules that run it.
+
+    int4   Q4_0 Q4_1 Q4_K (one plane), Q5_0 Q5_1 Q5_K Q8_0 (two planes)   → QuantLinear
+    dense  every other type (Q6_K, Q2_K, Q3_K, IQ*, F16, BF16 …)          → DenseLinear, bf16
+           (float32 where the file stores float32)
+    rows   token embeddings: the GGUF bytes, rows dequantized on gather  → QuantEmbedding
+
+Tensors that share an input (Q/K/V, gate/up) are fused into one module when they all take the
+same path, so that one kernel call serves them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from torch import nn
+
+from .dequant import dequantize
+from .groups import GROUP, GROUPED, to_groups
+from .linear import DenseLinear, QuantLinear
+
+# parent module → (children fused, name of the fused module)
+FUSED = {"attn": (("q", "k", "v"), "qkv"), "mlp": (("gate", "up"), "gate_up")}
+
+
+class RawTensor(NamedTuple):
+    data: np.ndarray  # as the GGUF reader maps it
+    qtype: Q
+    shape: tuple[int, int]  # (rows, cols) = (out_features, in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+def path_of(t: RawTensor) -> str:
+    return "int4" if t.qtype in GROUPED and t.shape[1] % GROUP == 0 else "dense"
+
+
+def linear(weights: list[RawTensor], biases: list[torch.Tensor | None]) -> nn.Module:
+    """One module computing the outputs of ``weights`` side by side (all on the same path)."""
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
+    if path_of(weights[0]) == "int4":
+        return QuantLinear([to_groups(w.data, w.qtype, w.shape) for w in weights], bias)
+    mats = [dequantize(w.data, w.qtype, w.shape) for w in weights]
+    dtype = torch.float32 if all(w.qtype == Q.F32 for w in weights) else torch.bfloat16
+    return DenseLinear(torch.cat(mats).to(dtype), bias)
+
+
+class WeightSummary:
+    """Tensors and bytes per path (one load log line; /props)."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, int] = defaultdict(int)
+        self.bytes: dict[str, int] = defaultdict(int)
+        self.file_bytes: dict[str, int] = defaultdict(int)
+        self.types: dict[str, set[str]] = defaultdict(set)
+
+    def add(self, path: str, tensors: list[RawTensor], module_bytes: int) -> None:
+        self.tensors[path] += len(tensors)
+        self.bytes[path] += module_bytes
+        self.file_bytes[path] += sum(t.nbytes for t in tensors)
+        self.types[path].update(t.qtype.name for t in tensors)
+
+    def add_dense(self, nbytes: int, n: int) -> None:
+        self.tensors["other"] += n
+        self.bytes["other"] += nbytes
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes.values())
+
+    def as_dict(self) -> dict[str, dict[str, int | list[str]]]:
+        return {
+            p: {"tensors": self.tensors[p], "bytes": self.bytes[p], "types": sorted(self.types[p])}
+            for p in sorted(self.tensors)
+        }
+
+    def line(self) -> str:
+        parts = [
+            f"{p} {self.tensors[p]} tensors {self.bytes[p] / 2**20:.1f} MiB"
+            + (f" ({'/'.join(sorted(self.types[p]))})" if self.types[p] else "")
+            for p in sorted(self.tensors)
+        ]
+        return "weights: " + ", ".join(parts) + f"; total {self.total_bytes / 2**20:.1f} MiB"
+
+
+def fuse_groups(linears: dict[str, RawTensor]) -> list[tuple[str, list[str]]]:
+    """[(module path, [weight module paths])]: fused where every member exists and shares a path."""
+    done: set[str] = set()
+    out: list[tuple[str, list[str]]] = []
+    for mod in sorted(linears):
+        parent, _, leaf = mod.rpartition(".")
+        kind = parent.rpartition(".")[2]
+        if kind in FUSED and leaf in FUSED[kind][0] and mod not in done:
+            members = [f"{parent}.{c}" for c in FUSED[kind][0]]
+            if all(m in linears for m in members) and len({path_of(linears[m]) for m in members}) == 1:
+                out.append((f"{parent}.{FUSED[kind][1]}", members))
+                done.update(members)
+                continue
+        if mod not in done:
+            out.append((mod, [mod]))
+            done.add(mod)
+    return out

@@ -1,0 +1,110 @@
+"""Linear layers over weights kept in a compact layout; ``forward(x)`` is all a model sees.
+
+``QuantLinear`` runs 4-bit planes (see ``int4``): the int4 kernel for a few rows (decode), a
+dequantize-then-bf16-GEMM for many rows (prefill), where the kernel's cost grows with rows.
+``DenseLinear`` holds a bf16 (or float32) matrix for formats without an exact grouped path.
+Several GGUF tensors with the same input (Q/K/V, gate/up) can be fused into one module whose
+output is their outputs side by side. Activations enter and leave in their own dtype; the
+matrix product itself runs on bf16 inputs with float32 accumulation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import int4
+from .groups import Groups
+
+# Up to this many rows the int4 kernel (cost ∝ rows) beats dequantize + bf16 GEMM (cost ≈ the
+# dequantization): the crossover measured by bench/quant_linear.py lies near 100 rows.
+GEMV_MAX_ROWS = 96
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T + b, W = the row-wise concatenation of ``parts`` kept as int4 planes.
+
+    Kernel output rows: first planes of all parts (N rows, in part order), then the second
+    planes of the parts that have one; those are added onto their parts' columns.
+    """
+
+    path = "int4"
+
+    def __init__(self, parts: list[Groups], bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        k = parts[0].codes.shape[1]
+        first, second, hi_cols = [], [], []
+        col = 0
+        for g in parts:
+            ps = int4.planes(g)
+            n = g.codes.shape[0]
+            first.append(ps[0] if len(ps) == 1 else ps[1])
+            if len(ps) == 2:
+                second.append(ps[0])
+                hi_cols.append(torch.arange(col, col + n))
+            col += n
+        self.in_features, self.out_features = k, col
+        packed, sz, rows = int4.pack(first + second)
+        self.register_buffer("packed", packed, persistent=False)
+        self.register_buffer("scale_zero", sz, persistent=False)
+        self.n_rows = rows
+        self.all_two = len(second) == len(parts)
+        self.hi_cols = torch.cat(hi_cols) if hi_cols and not self.all_two else None
+        self.n_second = rows - col
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
+
+    def _planes_out(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if x.shape[0] <= GEMV_MAX_ROWS:
+            return int4.matmul(xb, self.packed, self.scale_zero)
+        return F.linear(xb, int4.dequantize(self.packed, self.scale_zero, self.in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = self._planes_out(x.reshape(-1, self.in_features)).float()
+        n = self.out_features
+        out = y[:, :n]
+        if self.all_two:
+            out = out + y[:, n : 2 * n]
+        elif self.hi_cols is not None:
+            out = out.index_add(1, self.hi_cols, y[:, n : n + self.n_second])
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*lead, n)
+
+    def weight_bytes(self) -> int:
+        return self.packed.nbytes + self.scale_zero.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+    def dequantized(self) -> torch.Tensor:
+        """float32 [out, in]: the weight exactly as ``forward`` applies it (for tests)."""
+        w = int4.dequantize(self.packed, self.scale_zero, self.in_features)[: self.n_rows].float()
+        n = self.out_features
+        out = w[:n].clone()
+        if self.all_two:
+            out += w[n : 2 * n]
+        elif self.hi_cols is not None:
+            out.index_add_(0, self.hi_cols, w[n:])
+        return out
+
+
+class DenseLinear(nn.Module):
+    """y = x @ W.T + b with W stored dense (bf16 by default; the matmul runs in W's dtype)."""
+
+    path = "dense"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight.contiguous(), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
+        self.out_features, self.in_features = weight.shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+    def weight_bytes(self) -> int:
+        return self.weight.nbytes + (0 if self.bias is None else self.bias.nbytes)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.weight.float()

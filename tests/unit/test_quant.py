@@ -1,0 +1,152 @@
+"""Quantized weights: GGUF blocks → exact groups → int4 planes → kernels, against gguf's numpy
+dequantizer (the reference) on random blocks of every grouped format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as np_dequantize
+from gguf.quants import quantize as np_quantize
+
+from kvserve.model.quant import int4
+from kvserve.model.quant.build import RawTensor, fuse_groups, linear, path_of
+from kvserve.model.quant.embedding import QuantEmbedding
+from kvserve.model.quant.groups import GROUPED, to_groups
+from kvserve.model.quant.linear import GEMV_MAX_ROWS, DenseLinear, QuantLinear
+
+# bytes of f16 fields at the start of each block (d, or d and m/dmin)
+_F16_BYTES = {Q.Q4_0: 2, Q.Q5_0: 2, Q.Q8_0: 2, Q.Q4_1: 4, Q.Q5_1: 4, Q.Q4_K: 4, Q.Q5_K: 4, Q.Q6_K: 2}
+
+
+def random_blocks(qtype: Q, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random raw GGUF bytes of an [n, k] tensor: every code and sub-scale random, f16 fields
+    random finite values over four decades (so products cover many exponents)."""
+    rng = np.random.default_rng(seed)
+    from gguf.constants import GGML_QUANT_SIZES
+
+    bw, bb = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // bw, bb), dtype=np.uint8)
+    nf = _F16_BYTES[qtype] // 2
+    f = rng.standard_normal((n, k // bw, nf)) * 10.0 ** rng.uniform(-5, 0, (n, k // bw, nf))
+    at = 0 if qtype != Q.Q6_K else bb - 2  # Q6_K keeps its d at the end of the block
+    raw[..., at : at + 2 * nf] = f.astype(np.float16).view(np.uint8).reshape(n, k // bw, 2 * nf)
+    return raw.reshape(n, -1)
+
+
+@pytest.mark.parametrize("qtype", list(GROUPED), ids=lambda q: q.name)
+def test_groups_reproduce_gguf_dequantizer_exactly(qtype):
+    n, k = 48, 512
+    raw = random_blocks(qtype, n, k)
+    ref = np_dequantize(raw, qtype)
+    g = to_groups(raw, qtype, (n, k))
+    ours = g.dequantize()
+    assert g.codes.max() < 2**g.bits and g.codes.dtype == np.uint8
+    assert np.array_equal(ours, ref)  # equal as numbers: bit for bit up to the sign of zero
+    differ = ours.view(np.uint32) != ref.view(np.uint32)
+    assert (ours[differ] == 0).all()
+
+
+@pytest.mark.parametrize("qtype", list(GROUPED), ids=lambda q: q.name)
+def test_planes_sum_to_the_groups_exactly(qtype):
+    n, k = 16, 256
+    g = to_groups(random_blocks(qtype, n, k, seed=1), qtype, (n, k))
+    total = np.zeros((n, k))
+    for p in int4.planes(g):
+        assert p.codes.max() < 16
+        c = p.codes.reshape(n, -1, 32).astype(np.float64)
+        total += ((c - 8) * p.s[..., None] + p.z[..., None]).reshape(n, k)
+    c = g.codes.reshape(n, -1, 32).astype(np.float64)
+    exact = (c * g.scale[..., None].astype(np.float64) + g.offset[..., None].astype(np.float64)).reshape(n, k)
+    assert np.array_equal(total, exact)  # whose float32 rounding is gguf's value (test above)
+    assert np.array_equal(exact.astype(np.float32), g.dequantize())
+
+
+def test_packed_layout_round_trips():
+    """The layout int4.unpack_codes assumes is the one torch's packer writes (rows padded to 64)."""
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, 16, (200, 96), dtype=np.uint8)
+    zeros = np.zeros((200, 3), np.float32)
+    packed, sz, rows = int4.pack([int4.Plane(codes, zeros, zeros)])
+    assert rows == 200 and sz.shape == (3, 256, 2)
+    assert torch.equal(int4.unpack_codes(packed, 96)[:200], torch.from_numpy(codes))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q8_0], ids=lambda q: q.name)
+def test_quant_linear_matches_its_weights_on_both_paths(qtype):
+    n, k = 96, 256
+    raw = random_blocks(qtype, n, k, seed=3)
+    mod = QuantLinear([to_groups(raw, qtype, (n, k))])
+    ref = torch.from_numpy(np_dequantize(raw, qtype))
+    w = mod.dequantized()
+    # the only rounding: per-group scale and offset to bf16 (relative 2^-9 of the group's range)
+    assert ((w - ref).abs() <= ref.abs().amax(1, keepdim=True) * 2**-7).all()
+    for m in (1, GEMV_MAX_ROWS + 5):  # int4 kernel; dequantize + GEMM
+        x = torch.randn(m, k)
+        y = mod(x)
+        expect = F.linear(x.bfloat16().float(), w)
+        assert y.dtype == torch.float32 and y.shape == (m, n)
+        assert ((y - expect).abs() <= expect.abs().amax() * 2e-2).all()
+
+
+def test_fused_parts_of_mixed_formats_equal_separate_modules():
+    k = 256
+    fmts = [(Q.Q4_K, 64), (Q.Q8_0, 32), (Q.Q4_0, 64)]  # one plane, two planes, one plane
+    raws = [random_blocks(q, n, k, seed=i) for i, (q, n) in enumerate(fmts)]
+    groups = [to_groups(r, q, (n, k)) for r, (q, n) in zip(raws, fmts)]
+    bias = torch.randn(160)
+    fused = QuantLinear(groups, bias)
+    x = torch.randn(3, k)
+    sep = torch.cat([QuantLinear([g])(x) for g in groups], dim=-1) + bias
+    assert torch.allclose(fused(x), sep, rtol=1e-2, atol=1e-3 * sep.abs().max().item())
+    w = torch.cat([QuantLinear([g]).dequantized() for g in groups])
+    assert torch.equal(fused.dequantized(), w)
+
+
+def test_paths_and_fusion_are_chosen_per_tensor():
+    def t(q, n=64, k=64):
+        return RawTensor(np.zeros(1, np.uint8), q, (n, k))
+
+    assert [path_of(t(q)) for q in (Q.Q4_K, Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.F16)] == ["int4"] * 3 + ["dense"] * 2
+    assert path_of(t(Q.Q4_0, k=48)) == "dense"  # not whole groups of 32
+    lin = {"l.attn.q": t(Q.Q5_0), "l.attn.k": t(Q.Q5_0), "l.attn.v": t(Q.Q8_0), "l.attn.o": t(Q.Q4_K),
+           "l.mlp.gate": t(Q.Q4_K), "l.mlp.up": t(Q.Q6_K), "l.mlp.down": t(Q.Q6_K)}
+    got = dict(fuse_groups(lin))
+    assert got["l.attn.qkv"] == ["l.attn.q", "l.attn.k", "l.attn.v"]
+    assert got["l.mlp.gate"] == ["l.mlp.gate"] and got["l.mlp.up"] == ["l.mlp.up"]  # int4 + dense: not fused
+    assert sum(len(v) for v in got.values()) == len(lin)
+
+
+def test_dense_fallback_keeps_float32_files_exact():
+    w = np.random.default_rng(4).standard_normal((32, 40)).astype(np.float32)
+    mod = linear([RawTensor(w, Q.F32, (32, 40))], [None])
+    assert isinstance(mod, DenseLinear) and mod.weight.dtype == torch.float32
+    x = torch.randn(2, 40)
+    assert torch.equal(mod(x), F.linear(x, torch.from_numpy(w)))
+    q6 = random_blocks(Q.Q6_K, 8, 256)
+    d = linear([RawTensor(q6, Q.Q6_K, (8, 256))], [None])
+    assert d.weight.dtype == torch.bfloat16
+    assert torch.equal(d.weight, torch.from_numpy(np_dequantize(q6, Q.Q6_K)).bfloat16())
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q6_K, Q.Q4_K, Q.F32], ids=lambda q: q.name)
+def test_embedding_rows_are_dequantized_exactly(qtype):
+    n, k = 40, 256
+    if qtype == Q.F32:
+        raw = np.random.default_rng(5).standard_normal((n, k)).astype(np.float32)
+    else:
+        raw = random_blocks(qtype, n, k, seed=5)
+    emb = QuantEmbedding(raw, qtype, n, k)
+    ids = torch.tensor([[3, 0, 39], [7, 7, 1]])
+    ref = np_dequantize(raw, qtype) if qtype != Q.F32 else raw
+    assert torch.equal(emb(ids), torch.from_numpy(ref)[ids])
+
+
+def test_real_quantizer_output_round_trips():
+    """Blocks written by gguf's quantizer (not random bytes) take the same exact path."""
+    w = np.random.default_rng(6).standard_normal((64, 128)).astype(np.float32)
+    for q in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
+        raw = np_quantize(w, q)
+        assert np.array_equal(to_groups(raw, q, w.shape).dequantize(), np_dequantize(raw, q))
