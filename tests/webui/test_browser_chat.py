@@ -255,12 +255,17 @@ def test_streamed_reply_cache_share_and_reload(browser_session: Any, chat_server
     wait_ready(page)
     set_settings(page, temperature=0, max_tokens=5)
     question = "What is the capital of France?"
+    # every redraw of the reply is observed: text must show while it is still streaming
+    page.evaluate("""() => {
+        window.__partial = new Set();
+        new MutationObserver(() => {
+            const m = [...document.querySelectorAll('.message.assistant')].pop();
+            const text = m?.querySelector('.content')?.textContent;
+            if (m?.dataset.state === 'streaming' && text) window.__partial.add(text);
+        }).observe(document.getElementById('messages'),
+                   {subtree: true, childList: true, characterData: true, attributes: true});
+    }""")
     msg = send(page, question)
-    # text arrives while the reply is still streaming
-    page.wait_for_function("""() => {
-        const m = [...document.querySelectorAll('.message.assistant')].pop();
-        return m && m.dataset.state === 'streaming' && m.querySelector('.content').textContent.length > 0;
-    }""", timeout=WAIT_MS, polling=20)
     expect(msg).to_have_attribute("data-state", "done", timeout=WAIT_MS)
     conv = stored(page)[0]
     reply = conv["messages"][1]["content"]
@@ -270,6 +275,9 @@ def test_streamed_reply_cache_share_and_reload(browser_session: Any, chat_server
                      {"role": "user", "content": question}], "temperature": 0, "max_tokens": 5},
         headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert reply == direct["choices"][0]["message"]["content"] and reply.strip()
+    partial = page.evaluate("() => [...window.__partial]")
+    assert partial and all(reply.strip().startswith(p.strip()) for p in partial), partial
+    assert min(len(p.strip()) for p in partial) < len(reply.strip()), partial
     n = int(msg.locator(".stats").get_attribute("data-predicted-n"))
     assert n == direct["usage"]["completion_tokens"] and 1 <= n <= 5
 
@@ -311,6 +319,19 @@ def test_stop_midway_frees_the_slot(browser_session: Any, chat_server: LiveServe
     content = stored(page)[0]["messages"][1]
     assert content["stopped"] is True and content["content"]
     assert int(msg.locator(".stats").get_attribute("data-predicted-n")) < 2000
+
+    # a reload mid-reply closes the stream too, and keeps the text saved so far
+    send(page, "Again, count from 1 to 500.")
+    page.wait_for_function("""() => {
+        const c = Object.values(JSON.parse(localStorage.getItem('kvserve.conversations.v1')))[0];
+        return c.messages.length === 4 && c.messages[3].content.length > 0;
+    }""", timeout=WAIT_MS)
+    page.reload()
+    wait_ready(page)
+    cut = page.locator(".message.assistant").last
+    expect(cut).to_have_attribute("data-state", "stopped")
+    expect(cut.locator(".content")).not_to_be_empty()
+    expect(page.locator('#slots li[data-busy="false"]')).to_have_count(2, timeout=WAIT_MS)
 
 
 def test_api_key_setting_on_a_keyed_server(browser_session: Any, chat_server: LiveServer) -> None:

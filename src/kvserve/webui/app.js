@@ -200,7 +200,7 @@ function showProgress(p) {
 
 async function generate() {
   const body = requestBody();
-  const m = { role: "assistant", content: "", reasoning: "" };
+  const m = { role: "assistant", content: "", reasoning: "", streaming: true };
   conv.messages.push(m);
   const index = conv.messages.length - 1;
   streaming = { controller: new AbortController(), index };
@@ -209,6 +209,7 @@ async function generate() {
   const node = $("messages").querySelector(`.message[data-index="${index}"]`);
   node.scrollIntoView({ block: "end" });
   let pending = false;
+  let saved = Date.now();
   const redraw = () => {
     if (pending) return;
     pending = true;
@@ -216,6 +217,10 @@ async function generate() {
       pending = false;
       fillMessage(node, m, index, streaming?.index === index, handlers);
       node.scrollIntoView({ block: "end" });
+      if (Date.now() - saved > 2000) { // a reload mid-reply keeps what had arrived
+        saved = Date.now();
+        persist();
+      }
     });
   };
   clearError();
@@ -244,6 +249,7 @@ async function generate() {
   } finally {
     streaming = null;
     $("progress").hidden = true;
+    delete m.streaming;
     if (!m.reasoning) delete m.reasoning;
     persist();
     renderAll();
@@ -378,6 +384,12 @@ function start() {
   try {
     const id = store.currentId();
     conv = id ? store.getConversation(id) : null;
+    for (const m of conv?.messages ?? []) {
+      if (m.streaming) { // the page was closed or reloaded while this reply streamed
+        delete m.streaming;
+        m.stopped = true;
+      }
+    }
   } catch (e) {
     showError(describe(e));
   }
