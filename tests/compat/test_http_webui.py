@@ -20,6 +20,8 @@ def test_page_served_at_root_by_default() -> None:
     assert r.headers["cross-origin-opener-policy"] == "same-origin"
     assert r.headers["server"] == "llama.cpp"
     assert c.get("/index.html").content == r.content
+    head = c.head("/")
+    assert head.status_code == 200 and head.content == b"" and head.headers["etag"] == r.headers["etag"]
     again = c.get("/", headers={"If-None-Match": r.headers["etag"]})
     assert again.status_code == 304 and again.content == b""
     for name, ctype in webui.ASSETS.items():

@@ -288,6 +288,7 @@ def test_streamed_reply_cache_share_and_reload(browser_session: Any, chat_server
     prompt_n = int(msg2.locator(".stats").get_attribute("data-prompt-n"))
     assert cache_n > prompt_n > 0
     expect(msg2.locator(".stats")).to_contain_text(f"{cache_n} cached (")
+    expect(page.locator("#slots")).to_contain_text(f", {cache_n} cached")  # the slot that served it
 
     page.reload()
     wait_ready(page)

@@ -97,9 +97,9 @@ def install(app: FastAPI, s: ServerSettings) -> None:
                 return assets[name].response(request, isolation)
             return handler
 
-        r.add_api_route("/", serve("index.html", True), methods=["GET"])
+        r.add_api_route("/", serve("index.html", True), methods=["GET", "HEAD"])
         for name in webui.ASSETS:
-            r.add_api_route("/" + name, serve(name, name == "index.html"), methods=["GET"])
+            r.add_api_route("/" + name, serve(name, name == "index.html"), methods=["GET", "HEAD"])
     app.include_router(r)
     if s.ui and s.static_path:
         app.mount(p or "", _StaticDir(directory=s.static_path, check_dir=True), name="static")

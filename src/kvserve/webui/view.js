@@ -143,11 +143,12 @@ export function renderSlots(ul, summary, slots) {
   }
   const busy = slots.filter((s) => s.is_processing).length;
   summary.textContent = `${busy}/${slots.length} busy`;
-  ul.replaceChildren(...slots.map((s) => el("li", {
-    dataset: { slot: s.id, busy: String(Boolean(s.is_processing)) },
-    title: s.n_prompt_tokens !== undefined ? `last prompt: ${s.n_prompt_tokens} tokens, ${s.n_prompt_tokens_cache ?? 0} from cache` : "",
-  }, [
-    el("span", { text: `#${s.id} · ctx ${s.n_ctx}` }),
-    el("span", { class: "state", text: s.is_processing ? "busy" : "idle" }),
-  ])));
+  ul.replaceChildren(...slots.map((s) => {
+    const last = s.n_prompt_tokens !== undefined
+      ? ` · last prompt ${s.n_prompt_tokens}, ${s.n_prompt_tokens_cache ?? 0} cached` : "";
+    return el("li", { dataset: { slot: s.id, busy: String(Boolean(s.is_processing)) } }, [
+      el("span", { class: "info", text: `#${s.id} · ctx ${s.n_ctx}${last}` }),
+      el("span", { class: "state", text: s.is_processing ? "busy" : "idle" }),
+    ]);
+  }));
 }
