@@ -64,14 +64,27 @@ def test_planes_sum_to_the_groups_exactly(qtype):
     assert np.array_equal(exact.astype(np.float32), g.dequantize())
 
 
-def test_packed_layout_round_trips():
-    """The layout int4.unpack_codes assumes is the one torch's packer writes (rows padded to 64)."""
+def test_packed_layout_round_trips(monkeypatch):
+    """The layout int4.unpack_codes assumes is the one torch's packer writes (rows padded to 64),
+    and packing in row chunks gives the bytes of packing at once."""
     rng = np.random.default_rng(2)
     codes = rng.integers(0, 16, (200, 96), dtype=np.uint8)
     zeros = np.zeros((200, 3), np.float32)
     packed, sz, rows = int4.pack([int4.Plane(codes, zeros, zeros)])
     assert rows == 200 and sz.shape == (3, 256, 2)
     assert torch.equal(int4.unpack_codes(packed, 96)[:200], torch.from_numpy(codes))
+    monkeypatch.setattr(int4, "PACK_ROWS", 64)
+    assert torch.equal(int4.pack([int4.Plane(codes, zeros, zeros)])[0], packed)
+
+
+def test_groups_decode_in_row_chunks(monkeypatch):
+    import kvserve.model.quant.groups as G
+
+    raw = random_blocks(Q.Q5_K, 40, 512, seed=9)
+    whole = G.to_groups(raw, Q.Q5_K, (40, 512))
+    monkeypatch.setattr(G, "ROW_CHUNK", 7)
+    part = G.to_groups(raw, Q.Q5_K, (40, 512))
+    assert all(np.array_equal(a, b) for a, b in zip(whole[:3], part[:3]))
 
 
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_0, Q.Q8_0], ids=lambda q: q.name)

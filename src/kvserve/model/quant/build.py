@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as Q
 from torch import nn
 
 from .dequant import dequantize
-from .groups import GROUP, GROUPED, to_groups
+from .groups import GROUP, GROUPED, GGUFGroups
 from .linear import DenseLinear, QuantLinear
 
 # parent module → (children fused, name of the fused module)
@@ -47,7 +47,7 @@ def linear(weights: list[RawTensor], biases: list[torch.Tensor | None]) -> nn.Mo
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
     if path_of(weights[0]) == "int4":
-        return QuantLinear([to_groups(w.data, w.qtype, w.shape) for w in weights], bias)
+        return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape) for w in weights], bias)
     mats = [dequantize(w.data, w.qtype, w.shape) for w in weights]
     dtype = torch.float32 if all(w.qtype == Q.F32 for w in weights) else torch.bfloat16
     return DenseLinear(torch.cat(mats).to(dtype), bias)

@@ -45,6 +45,13 @@ class Groups(NamedTuple):
     offset: np.ndarray  # float32 [N, K // 32]
     bits: int  # 4, 5 or 8: codes lie in [0, 2**bits)
 
+    @property
+    def n_rows(self) -> int:
+        return int(self.codes.shape[0])
+
+    def rows(self, i: int, j: int) -> Groups:
+        return Groups(self.codes[i:j], self.scale[i:j], self.offset[i:j], self.bits)
+
     def dequantize(self) -> np.ndarray:
         n, k = self.codes.shape
         c = self.codes.reshape(n, k // GROUP, GROUP).astype(np.float32)
@@ -92,11 +99,45 @@ def _k_blocks(b: np.ndarray, qtype: Q) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return codes, scale, offset
 
 
+ROW_CHUNK = 1024  # rows decoded at a time: temporaries stay a few MiB for any tensor
+
+
+class GGUFGroups(NamedTuple):
+    """A GGUF tensor in a grouped format, decoded on demand a range of rows at a time."""
+
+    raw: np.ndarray  # uint8 [N, bytes per row]
+    qtype: Q
+    n_rows: int
+    k: int
+
+    @classmethod
+    def of(cls, raw: np.ndarray, qtype: Q, shape: tuple[int, int]) -> GGUFGroups:
+        return cls(np.ascontiguousarray(raw).view(np.uint8).reshape(shape[0], -1), qtype, shape[0], shape[1])
+
+    @property
+    def bits(self) -> int:
+        return GROUPED[self.qtype][2]
+
+    def rows(self, i: int, j: int) -> Groups:
+        return Groups(*_decode(self.raw[i:j], self.qtype, self.k), self.bits)
+
+
 def to_groups(raw: np.ndarray, qtype: Q, shape: tuple[int, int]) -> Groups:
     """Codes, scales and offsets of a GGUF tensor of ``shape`` = (rows, cols) in a grouped format."""
-    block_bytes, block_w, bits = GROUPED[qtype]
     n, k = shape
-    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, block_bytes)
+    rows = np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
+    out = Groups(np.empty((n, k), np.uint8), np.empty((n, k // GROUP), np.float32),
+                 np.empty((n, k // GROUP), np.float32), GROUPED[qtype][2])
+    for i in range(0, n, ROW_CHUNK):
+        c, s, o = _decode(rows[i : i + ROW_CHUNK], qtype, k)
+        out.codes[i : i + ROW_CHUNK], out.scale[i : i + ROW_CHUNK], out.offset[i : i + ROW_CHUNK] = c, s, o
+    return out
+
+
+def _decode(raw: np.ndarray, qtype: Q, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    block_bytes, block_w, bits = GROUPED[qtype]
+    n = raw.shape[0]
+    b = raw.reshape(-1, block_bytes)
     if qtype in (Q.Q4_K, Q.Q5_K):
         codes, scale, offset = _k_blocks(b, qtype)
     else:
@@ -113,9 +154,4 @@ def to_groups(raw: np.ndarray, qtype: Q, shape: tuple[int, int]) -> Groups:
             codes, offset = (b[:, 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8), -128.0 * d
         scale = d
     g = k // GROUP
-    return Groups(
-        codes=np.ascontiguousarray(codes, dtype=np.uint8).reshape(n, k),
-        scale=np.asarray(scale, dtype=np.float32).reshape(n, g),
-        offset=np.asarray(offset, dtype=np.float32).reshape(n, g),
-        bits=bits,
-    )
+    return codes.reshape(n, k), np.asarray(scale, np.float32).reshape(n, g), np.asarray(offset, np.float32).reshape(n, g)

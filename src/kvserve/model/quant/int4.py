@@ -23,7 +23,8 @@ Packed layout (torch ≥ 2.6, checked by tests): rows padded to a multiple of 64
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -31,12 +32,35 @@ import torch
 from .groups import GROUP, Groups
 
 ROW_BLOCK = 64
+PACK_ROWS = 64 * ROW_BLOCK
 
 
 class Plane(NamedTuple):
     codes: np.ndarray  # uint8 [N, K] in [0, 16)
     s: np.ndarray  # float64 [N, K // 32]: exact (a float32 times a power of two)
     z: np.ndarray  # float64 [N, K // 32]: exact sums of two float32 values
+
+
+class GroupSource(Protocol):
+    """Groups of a tensor by ranges of rows (``Groups`` itself, or decoded on demand)."""
+
+    @property
+    def n_rows(self) -> int: ...
+
+    @property
+    def bits(self) -> int: ...
+
+    def rows(self, i: int, j: int) -> Groups: ...
+
+
+def n_planes(bits: int) -> int:
+    return 1 if bits == 4 else 2
+
+
+def plane_rows(src: GroupSource, plane: int, chunk: int = 1024) -> Iterable[Plane]:
+    """Plane ``plane`` (0 = first of ``planes``) of ``src``, a range of rows at a time."""
+    for i in range(0, src.n_rows, chunk):
+        yield planes(src.rows(i, min(i + chunk, src.n_rows)))[plane]
 
 
 def planes(g: Groups) -> list[Plane]:
@@ -49,20 +73,43 @@ def planes(g: Groups) -> list[Plane]:
     return [Plane(hi_codes.astype(np.uint8), 16 * S, np.zeros_like(S)), low]
 
 
-def pack(rows: list[Plane]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Stack planes row-wise → (packed uint8, scale_zero bf16 [K/32, R_pad, 2], R)."""
-    codes = np.concatenate([p.codes for p in rows])
-    s = np.concatenate([p.s for p in rows])
-    z = np.concatenate([p.z for p in rows])
-    r, k = codes.shape
-    pad = (-r) % ROW_BLOCK
-    if pad:
-        codes = np.concatenate([codes, np.full((pad, k), 8, np.uint8)])
-        s = np.concatenate([s, np.zeros((pad, s.shape[1]))])
-        z = np.concatenate([z, np.zeros((pad, z.shape[1]))])
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes).to(torch.int32), 1)
-    sz = torch.from_numpy(np.stack([s.T, z.T], axis=-1)).to(torch.bfloat16).contiguous()  # one rounding
-    return packed, sz, r
+def pack(rows: Iterable[Plane]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Stack planes row-wise → (packed uint8, scale_zero bf16 [K/32, R_pad, 2], R).
+
+    Streams: rows are gathered into blocks of ``PACK_ROWS`` (a multiple of 64: packed row
+    blocks are independent), each packed and its scales rounded on its own, so the temporaries
+    (the packer takes int32 codes) stay small for any tensor."""
+    packed: list[torch.Tensor] = []
+    sz: list[torch.Tensor] = []
+    buf: list[Plane] = []
+    n_buf = n_total = 0
+
+    def flush(final: bool) -> None:
+        nonlocal buf, n_buf
+        codes = np.concatenate([p.codes for p in buf])
+        s = np.concatenate([p.s for p in buf])
+        z = np.concatenate([p.z for p in buf])
+        take = codes.shape[0] if final else PACK_ROWS
+        rest = [Plane(codes[take:], s[take:], z[take:])] if take < codes.shape[0] else []
+        codes, s, z = codes[:take], s[:take], z[:take]
+        pad = (-take) % ROW_BLOCK
+        if pad:
+            codes = np.concatenate([codes, np.full((pad, codes.shape[1]), 8, np.uint8)])
+            s = np.concatenate([s, np.zeros((pad, s.shape[1]))])
+            z = np.concatenate([z, np.zeros((pad, z.shape[1]))])
+        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes).to(torch.int32), 1))
+        sz.append(torch.from_numpy(np.stack([s.T, z.T], axis=-1)).to(torch.bfloat16))  # one rounding
+        buf, n_buf = rest, sum(p.codes.shape[0] for p in rest)
+
+    for p in rows:
+        buf.append(p)
+        n_buf += p.codes.shape[0]
+        n_total += p.codes.shape[0]
+        while n_buf >= PACK_ROWS:
+            flush(False)
+    if n_buf:
+        flush(True)
+    return torch.cat(packed), torch.cat(sz, dim=1).contiguous(), n_total
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:

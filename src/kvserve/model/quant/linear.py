@@ -10,12 +10,14 @@ matrix product itself runs on bf16 inputs with float32 accumulation.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import int4
-from .groups import Groups
 
 # Up to this many rows the int4 kernel (cost ∝ rows) beats dequantize + bf16 GEMM (cost ≈ the
 # dequantization): the crossover measured by bench/quant_linear.py lies near 100 rows.
@@ -31,21 +33,20 @@ class QuantLinear(nn.Module):
 
     path = "int4"
 
-    def __init__(self, parts: list[Groups], bias: torch.Tensor | None = None) -> None:
+    def __init__(self, parts: Sequence[int4.GroupSource], bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        k = parts[0].codes.shape[1]
-        first, second, hi_cols = [], [], []
+        k = parts[0].rows(0, 1).codes.shape[1]
+        hi_cols = []
         col = 0
         for g in parts:
-            ps = int4.planes(g)
-            n = g.codes.shape[0]
-            first.append(ps[0] if len(ps) == 1 else ps[1])
-            if len(ps) == 2:
-                second.append(ps[0])
-                hi_cols.append(torch.arange(col, col + n))
-            col += n
+            if int4.n_planes(g.bits) == 2:
+                hi_cols.append(torch.arange(col, col + g.n_rows))
+            col += g.n_rows
         self.in_features, self.out_features = k, col
-        packed, sz, rows = int4.pack(first + second)
+        # planes() lists the high plane first: the low (or only) plane is the last one
+        first = [int4.plane_rows(g, int4.n_planes(g.bits) - 1) for g in parts]
+        second = [int4.plane_rows(g, 0) for g in parts if int4.n_planes(g.bits) == 2]
+        packed, sz, rows = int4.pack(itertools.chain(*first, *second))
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale_zero", sz, persistent=False)
         self.n_rows = rows
