@@ -62,17 +62,21 @@ class QuantLinear(nn.Module):
         return F.linear(xb, int4.dequantize(self.packed, self.scale_zero, self.in_features))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        lead = x.shape[:-1]
-        y = self._planes_out(x.reshape(-1, self.in_features)).float()
+        # Few ops on purpose: at decode every one costs about as much as a small kernel.
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+        y = self._planes_out(x2)  # bf16 [M, R_pad]
         n = self.out_features
-        out = y[:, :n]
-        if self.all_two:
-            out = out + y[:, n : 2 * n]
-        elif self.hi_cols is not None:
-            out = out.index_add(1, self.hi_cols, y[:, n : n + self.n_second])
+        if self.all_two:  # rows [0, n) first planes, [n, 2n) second planes: sum them in f32
+            out = y[:, : 2 * n].view(-1, 2, n).sum(1, dtype=torch.float32)
+        else:
+            out = (y if y.shape[1] == n else y[:, :n]).float()
+            if self.hi_cols is not None:
+                out.index_add_(1, self.hi_cols, y[:, n : n + self.n_second].float())
         if self.bias is not None:
-            out = out + self.bias
-        return out.to(x.dtype).reshape(*lead, n)
+            out += self.bias
+        if out.dtype != x.dtype:
+            out = out.to(x.dtype)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
     def weight_bytes(self) -> int:
         return self.packed.nbytes + self.scale_zero.nbytes + (0 if self.bias is None else self.bias.nbytes)
