@@ -198,6 +198,9 @@ def render_compat() -> str:
         "`invalid_request_error` naming the field:\n\n| field | reason (when) |\n| --- | --- |\n"
     )
     out.extend(f"| `{name}` | {why} |\n" for name, why in REFUSED_FIELDS)
+    from kvserve.grammar.compat import COMPAT_SECTION
+
+    out.append(COMPAT_SECTION)
     return "".join(out)
 
 
