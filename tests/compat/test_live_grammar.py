@@ -11,6 +11,8 @@ import pytest
 
 from .live import start_server
 
+pytestmark = pytest.mark.slow
+
 PET = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
                                         "legs": {"type": "integer", "minimum": 0, "maximum": 8}},
        "required": ["name", "legs"]}
