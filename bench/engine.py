@@ -11,6 +11,7 @@ torch.cuda.max_memory_allocated.
     python bench/engine.py --synth llama3-8b --device cuda --dtype bf16
     python bench/engine.py --model path/to/file.gguf
     python bench/engine.py --prefill 32,64 --ctx 64 --batches 1,4 --steps 4   # quick check
+    python bench/engine.py --synth llama3-8b:n_layer=8 --synth-qtype Q4_K_M --device cuda --weights both
 
 ``--synth SHAPE`` writes a random-weight GGUF of that shape once (``--synth-dir``) and reuses it.
 SHAPE is a name (``--list-shapes``) or ``arch:key=value,...`` over ``SynthSpec`` fields, e.g.
@@ -198,13 +199,15 @@ class Bench:
         return batch * self.args.steps / (time.perf_counter() - t0)
 
 
-def bench_model(name: str, path: str, args: argparse.Namespace) -> ModelResult:
+def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "auto") -> ModelResult:
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     reset_peak_rss()
-    loaded = load_gguf(path, dtype=DTYPES[args.dtype], device=device)
+    loaded = load_gguf(path, dtype=DTYPES[args.dtype], device=device, weights=weights)
+    if loaded.summary is not None:
+        print(f"{name}: {loaded.summary.line()}", file=sys.stderr, flush=True)
     rss_load = rss_bytes(os.getpid())
     print(f"{name}: loaded in {loaded.load_s:.1f} s", file=sys.stderr, flush=True)
     b = Bench(loaded, args)
@@ -292,6 +295,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ubatch", type=int, default=512, help="runner micro-batch size (-ub, default 512)")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
+    p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense", "both"],
+                   help="weight layout: auto (quantized on CPU with f32), quant, dense (every weight "
+                        "dequantized to --dtype), both (one row each: the quantized file and its dense twin)")
     p.add_argument("--profile", action="store_true",
                    help="instead of throughput: per-step host vs GPU time and top host costs "
                         "(prefill at --prefill lengths, decode at --batches)")
@@ -321,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
             "models": ", ".join(n for n, _ in models),
             "device": dev,
             "torch": torch.__version__,
-            "dtype (weights and KV)": args.dtype,
+            "dtype (activations and KV)": args.dtype,
+            "weights": args.weights,
             "prefill": f"one sequence, lengths {args.prefill}, logits last, micro-batch {args.ubatch}, "
                        f"median of {args.reps} after 1 warm-up",
             "decode": f"batches {args.batches}, each sequence {args.ctx} tokens of context in its own pages, "
@@ -335,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, p in models:
             profile_model(n, p, args)
         return 0
-    results = [bench_model(n, p, args) for n, p in models]
+    layouts = ["quant", "dense"] if args.weights == "both" else [args.weights]
+    results = [bench_model(n if len(layouts) == 1 else f"{n} [{w}]", p, args, w) for n, p in models for w in layouts]
     cuda = args.device == "cuda"
     head = ["model", "arch", "params (M)", "file MiB", "load s"]
     head += [f"prefill {n} tok/s" for n in args.prefill]

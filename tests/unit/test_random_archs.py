@@ -59,17 +59,23 @@ def test_half_precision_runs_close_to_fp32(dtype, tmp_path):
     assert (out - ref).abs().max().item() / ref.abs().max().item() < 0.1
 
 
-@pytest.mark.parametrize("arch,qtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0"), ("qwen3", "Q4_1")])
+@pytest.mark.parametrize("arch,qtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0"), ("qwen3", "Q4_1"),
+                                        ("llama", "Q4_K_M")])
 def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
     """Default (repacked, fused) weights against every tensor dequantized to f32, on prefill
     (dequantize + GEMM) and on one-token decode steps (int4 kernel)."""
-    spec = SynthSpec(arch=arch, qtype=qtype, sliding_window=16 if arch == "gemma3" else 0, n_vocab=700)
+    k_quant = qtype.startswith("Q4_K")  # K-quants need rows of 256
+    spec = SynthSpec(arch=arch, qtype=qtype, sliding_window=16 if arch == "gemma3" else 0, n_vocab=700,
+                     **({"n_embd": 256, "n_ff": 512, "head_dim": 64} if k_quant else {}))
     path = write_random_gguf(str(tmp_path / f"{arch}.gguf"), spec)
     quant, dense = load_gguf(path), load_gguf(path, weights="dense")
     assert quant.weights == "quant" and dense.weights == "dense"
     assert quant.weight_bytes < dense.weight_bytes / 2
     attn = quant.model.layers[0].attn
-    assert attn.qkv is not None and not hasattr(attn, "q")  # Q, K, V fused at load
+    if qtype == "Q4_K_M":  # V is Q6_K (dense): Q, K, V take different paths and stay apart
+        assert attn.qkv is None and attn.q.path == "int4" and attn.v.path == "dense"
+    else:
+        assert attn.qkv is not None and not hasattr(attn, "q")  # Q, K, V fused at load
     runners = [ModelRunner(m, n_pages=8) for m in (quant, dense)]
     ids = tuple(range(5, 45))
     outs = [r.run(Plan((SeqChunk(0, ids, 0, (0, 1, 2, 3), "all"),))).logits[0] for r in runners]

@@ -152,8 +152,8 @@ def load_gguf(
     device = torch.device(device)
     if weights == "auto":
         weights = "quant" if device.type == "cpu" and dtype == torch.float32 else "dense"
-    if weights == "quant" and device.type != "cpu":
-        raise UnsupportedModelError("quantized weights run on the CPU only; use --dtype bf16 on CUDA")
+    if weights == "quant" and device.type not in ("cpu", "cuda"):
+        raise UnsupportedModelError(f"quantized weights run on the CPU or CUDA, not {device.type}")
     if weights == "quant":
         _mmap_threshold(1 << 20)
     reader = GGUFReader(path, "r")
@@ -191,7 +191,7 @@ def load_gguf(
     missing = sorted(set(expected) - set(state) - {f"{m}.weight" for m in raws})
     if missing:
         raise UnsupportedModelError(f"GGUF file lacks tensors for: {', '.join(missing[:8])}")
-    summary = _repack(model, cfg, raws, state) if weights == "quant" else None
+    summary = _repack(model, cfg, raws, state, device, dtype) if weights == "quant" else None
     model.load_state_dict(state, assign=True, strict=True)
     del reader, raws  # unmaps the file: only repacked copies stay resident
     _release_free_memory()
@@ -217,14 +217,19 @@ def load_gguf(
     )
 
 
-def _repack(model: nn.Module, cfg: ModelConfig, raws: dict[str, RawTensor], state: dict[str, torch.Tensor]) -> WeightSummary:
-    """Replace the model's nn.Linear/nn.Embedding modules by repacked ones; biases move into them."""
+def _repack(
+    model: nn.Module, cfg: ModelConfig, raws: dict[str, RawTensor], state: dict[str, torch.Tensor],
+    device: torch.device, dtype: torch.dtype,
+) -> WeightSummary:
+    """Replace the model's nn.Linear/nn.Embedding modules by repacked ones; biases move into them.
+    On CUDA the embedding stays a dense table on the device (a gather there, no host round trip)."""
     summary = WeightSummary()
     embed = raws.pop("embed")
-    for name, members in fuse_groups(raws):
+    on = None if device.type == "cpu" else device
+    for name, members in fuse_groups(raws, on):
         tensors = [raws[m] for m in members]
-        biases = [state.pop(f"{m}.bias", None) for m in members]
-        mod = linear(tensors, biases)
+        biases = [None if (b := state.pop(f"{m}.bias", None)) is None else b.float().cpu() for m in members]
+        mod = linear(tensors, biases, on)
         summary.add(mod.path, tensors, mod.weight_bytes())
         for m in members:
             parent, _, leaf = m.rpartition(".")
@@ -232,9 +237,14 @@ def _repack(model: nn.Module, cfg: ModelConfig, raws: dict[str, RawTensor], stat
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, mod)
     if cfg.tied_embeddings:  # the output head multiplies by the embedding matrix: give it a fast layout
-        head = linear([embed], [None])
+        head = linear([embed], [None], on)
         summary.add(head.path, [embed], head.weight_bytes())
         model.lm_head = head
-    model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape)
-    summary.add("rows", [embed], model.embed.weight_bytes())
+    if on is None:
+        model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape)
+        summary.add("rows", [embed], model.embed.weight_bytes())
+    else:
+        w = dequantize(embed.data, embed.qtype, embed.shape).to(device=device, dtype=dtype)
+        state["embed.weight"] = w
+        summary.add("dense", [embed], w.nbytes)
     return summary

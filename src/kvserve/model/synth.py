@@ -30,7 +30,7 @@ class SynthSpec:
     rope_base: float = 10000.0
     sliding_window: int = 0
     tied: bool = True
-    qtype: str = "F32"  # F32 | F16 | Q8_0 | Q4_0 | Q4_1 ...
+    qtype: str = "F32"  # F32 | F16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q6_K ... | Q4_K_M (Q6_K for V, down, output)
     seed: int = 0
 
 
@@ -56,9 +56,34 @@ def _byte_vocab(n_vocab: int) -> tuple[list[str], list[str]]:
     return tokens, merges
 
 
+def random_kquant(rng: np.random.Generator, shape: tuple[int, int], qtype: GGMLQuantizationType,
+                  scale: float) -> np.ndarray:
+    """Raw blocks of a K-quant type (gguf has no quantizer for them): random codes and
+    sub-scales, super-block scales chosen so that weights have about ``scale`` spread."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    bw, bb = GGML_QUANT_SIZES[qtype]
+    n, k = shape
+    raw = rng.integers(0, 256, (n, k // bw, bb), dtype=np.uint8)
+    if qtype == GGMLQuantizationType.Q6_K:  # ..., int8 scales[16], f16 d at the end; values d·sc·(q − 32)
+        raw[..., bb - 18 : bb - 2] = rng.integers(-32, 32, (n, k // bw, 16)).astype(np.int8).view(np.uint8)
+        d = np.full((n, k // bw, 1), scale / (16 * 18), np.float16)
+        raw[..., bb - 2 :] = d.view(np.uint8).reshape(n, k // bw, 2)
+    else:  # Q4_K / Q5_K: f16 d, f16 dmin first; values d·sc·q − dmin·m with sc, m in [0, 64)
+        top = 16 if qtype == GGMLQuantizationType.Q4_K else 32
+        d = scale / (32 * top / 2)
+        f = np.array([d, d * top / 2], np.float16)
+        raw[..., :4] = np.broadcast_to(f.view(np.uint8), (n, k // bw, 4))
+    return raw.reshape(n, -1)
+
+
+_NO_QUANTIZER = {GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K}
+
+
 def write_random_gguf(path: str, spec: SynthSpec) -> str:
     rng = np.random.default_rng(spec.seed)
-    qtype = GGMLQuantizationType[spec.qtype]
+    mixed = spec.qtype == "Q4_K_M"
+    qtype = GGMLQuantizationType.Q4_K if mixed else GGMLQuantizationType[spec.qtype]
     w = GGUFWriter(path, spec.arch)
     a = spec.arch
     w.add_name(f"random-{a}")
@@ -87,9 +112,15 @@ def write_random_gguf(path: str, spec: SynthSpec) -> str:
     w.add_add_bos_token(False)
 
     def add(name: str, shape: tuple[int, ...], scale: float = 0.05, ones: bool = False) -> None:
+        q = qtype
+        if mixed and any(t in name for t in ("attn_v", "ffn_down", "output.")):
+            q = GGMLQuantizationType.Q6_K
+        if len(shape) == 2 and q in _NO_QUANTIZER:
+            w.add_tensor(name, random_kquant(rng, (shape[0], shape[1]), q, scale), raw_dtype=q)
+            return
         arr = (np.ones(shape) if ones else rng.standard_normal(shape) * scale).astype(np.float32)
-        if len(shape) == 2 and qtype not in (GGMLQuantizationType.F32,):
-            w.add_tensor(name, quantize(arr, qtype), raw_dtype=qtype)
+        if len(shape) == 2 and q not in (GGMLQuantizationType.F32,):
+            w.add_tensor(name, quantize(arr, q), raw_dtype=q)
         else:
             w.add_tensor(name, arr)
 

@@ -37,20 +37,34 @@ class RawTensor(NamedTuple):
         return int(self.data.nbytes)
 
 
-def path_of(t: RawTensor) -> str:
-    return "int4" if t.qtype in GROUPED and t.shape[1] % GROUP == 0 else "dense"
+CUDA_Q4 = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # 4-bit codes: the Triton kernels' layout
 
 
-def linear(weights: list[RawTensor], biases: list[torch.Tensor | None]) -> nn.Module:
+def path_of(t: RawTensor, device: torch.device | None = None) -> str:
+    if t.shape[1] % GROUP:
+        return "dense"
+    if device is not None and device.type == "cuda":
+        return "q4-triton" if t.qtype in CUDA_Q4 else "dense"
+    return "int4" if t.qtype in GROUPED else "dense"
+
+
+def linear(weights: list[RawTensor], biases: list[torch.Tensor | None], device: torch.device | None = None) -> nn.Module:
     """One module computing the outputs of ``weights`` side by side (all on the same path)."""
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
-    if path_of(weights[0]) == "int4":
+    path = path_of(weights[0], device)
+    if path == "int4":
         return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape) for w in weights], bias)
+    if path == "q4-triton":
+        from .cuda_linear import Q4Linear  # imports triton: only on CUDA
+
+        return Q4Linear([GGUFGroups.of(w.data, w.qtype, w.shape).rows(0, w.shape[0]) for w in weights], bias,
+                        device)  # type: ignore[arg-type]
     mats = [dequantize(w.data, w.qtype, w.shape) for w in weights]
     dtype = torch.float32 if all(w.qtype == Q.F32 for w in weights) else torch.bfloat16
-    return DenseLinear(torch.cat(mats).to(dtype), bias)
+    mod = DenseLinear(torch.cat(mats).to(dtype), bias)
+    return mod if device is None else mod.to(device)
 
 
 class WeightSummary:
@@ -91,7 +105,7 @@ class WeightSummary:
         return "weights: " + ", ".join(parts) + f"; total {self.total_bytes / 2**20:.1f} MiB"
 
 
-def fuse_groups(linears: dict[str, RawTensor]) -> list[tuple[str, list[str]]]:
+def fuse_groups(linears: dict[str, RawTensor], device: torch.device | None = None) -> list[tuple[str, list[str]]]:
     """[(module path, [weight module paths])]: fused where every member exists and shares a path."""
     done: set[str] = set()
     out: list[tuple[str, list[str]]] = []
@@ -100,7 +114,7 @@ def fuse_groups(linears: dict[str, RawTensor]) -> list[tuple[str, list[str]]]:
         kind = parent.rpartition(".")[2]
         if kind in FUSED and leaf in FUSED[kind][0] and mod not in done:
             members = [f"{parent}.{c}" for c in FUSED[kind][0]]
-            if all(m in linears for m in members) and len({path_of(linears[m]) for m in members}) == 1:
+            if all(m in linears for m in members) and len({path_of(linears[m], device) for m in members}) == 1:
                 out.append((f"{parent}.{FUSED[kind][1]}", members))
                 done.update(members)
                 continue
