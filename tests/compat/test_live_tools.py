@@ -118,3 +118,32 @@ def test_smollm_reasoning_content_whole_and_streamed(smollm_think) -> None:
                      json={"messages": msgs, "temperature": 0, "max_tokens": 16, "reasoning_format": "none"}).json()
     assert "reasoning_content" not in raw["choices"][0]["message"]
     assert raw["choices"][0]["message"]["content"].strip().startswith(reasoning)
+
+
+@pytest.fixture(scope="module")
+def smollm():
+    srv = start_server("-c", "2048", "-np", "1")
+    yield srv
+    srv.stop()
+
+
+def test_smollm_required_tool_call_is_valid(smollm) -> None:
+    """SmolLM2's template cannot render tools: they are described in its system message (the
+    generic JSON format) and the grammar of tool_choice "required" makes the 135M model's call valid."""
+    import jsonschema
+    from openai import OpenAI
+
+    client = OpenAI(base_url=smollm.url + "/v1", api_key="unused", timeout=600)
+    r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                       temperature=0, max_tokens=40)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (tc,) = choice.message.tool_calls
+    assert tc.function.name == "get_current_weather"
+    jsonschema.validate(json.loads(tc.function.arguments), WEATHER["function"]["parameters"])
+    named = {"type": "function", "function": {"name": "get_current_weather"}}
+    chunks = list(client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER], tool_choice=named,
+                                                 temperature=0, max_tokens=40, stream=True))
+    args = "".join(d.function.arguments or "" for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or [])
+    assert json.loads(args) == json.loads(tc.function.arguments)  # same greedy call, streamed
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
