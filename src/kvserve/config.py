@@ -77,6 +77,8 @@ class ServerConfig:
     reasoning_format: str  # none | auto | deepseek | deepseek-legacy (deepseek unless given)
     reasoning: str  # -rea: on | off | auto
     skip_chat_parsing: bool  # chat output is never parsed (content only)
+    reasoning_budget: int  # tokens allowed in a thinking block; -1 = unlimited
+    reasoning_budget_message: str  # text forced before the end tag when the budget runs out
     slot_save_path: str | None  # existing directory, ends with a separator
     ui: bool  # serve the built-in chat page (or static_path) at api_prefix + "/"
     static_path: str | None = None  # --path: an existing directory served instead of the page
@@ -365,6 +367,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         chat_template_kwargs=MappingProxyType(kwargs), slot_save_path=v["slot_save_path"] or None,
         reasoning_format=v["reasoning_format"] if parsed.explicit("reasoning_format") else "deepseek",
         reasoning=v["reasoning"], skip_chat_parsing=v["skip_chat_parsing"],
+        reasoning_budget=v["reasoning_budget"], reasoning_budget_message=v["reasoning_budget_message"] or "",
         ui=v["ui"], static_path=static_path, ui_settings=ui_settings,
         prefill_assistant=v["prefill_assistant"], reuse_port=v["reuse_port"],
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),

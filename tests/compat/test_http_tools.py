@@ -263,3 +263,24 @@ def test_skip_chat_parsing() -> None:
     c, _ = make(HERMES_TEMPLATE, CALL, skip_chat_parsing=True)
     msg = chat(c, tools=[WEATHER]).json()["choices"][0]["message"]
     assert msg == {"role": "assistant", "content": CALL}
+
+
+def test_reasoning_budget_fields() -> None:
+    c, eng = make(OPEN_THINK_TEMPLATE, "Hmm</think>ok")
+    assert chat(c, reasoning_budget_tokens=5, reasoning_budget_message="Enough.").status_code == 200
+    b = eng.submitted[-1].params.reasoning_budget
+    assert b.budget == 5
+    assert eng.tokenizer.decode(list(b.forced)) == "Enough.</think>"
+    assert eng.tokenizer.decode(list(b.start)) == "<think>" and eng.tokenizer.decode(list(b.ends[0])) == "</think>"
+    assert eng.tokenizer.decode(list(b.prefill)).endswith("assistant\n<think>\n")  # the prompt opened the block
+    chat(c)
+    assert eng.submitted[-1].params.reasoning_budget is None  # -1: unlimited, no budget
+    c, eng = make(OPEN_THINK_TEMPLATE, "x", reasoning_budget=0, reasoning_budget_message="Stop.")
+    chat(c)
+    b = eng.submitted[-1].params.reasoning_budget
+    assert b.budget == 0 and eng.tokenizer.decode(list(b.forced)) == "Stop.</think>"
+    c, eng = make(PLAIN_TEMPLATE, "x")
+    r = chat(c, reasoning_budget_tokens=5)
+    assert r.status_code == 400 and "thinking tags" in r.json()["error"]["message"]
+    r = chat(c, reasoning_budget_tokens=-2)
+    assert r.status_code == 400 and "Value must be between -1" in r.json()["error"]["message"]

@@ -147,3 +147,18 @@ def test_smollm_required_tool_call_is_valid(smollm) -> None:
     args = "".join(d.function.arguments or "" for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or [])
     assert json.loads(args) == json.loads(tc.function.arguments)  # same greedy call, streamed
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+def test_smollm_reasoning_budget_forces_the_end_of_thinking(smollm_think) -> None:
+    """A budget of 4 tokens: the thinking block gets at most 4 generated tokens, then the
+    message and </think> are forced and the model goes on with its answer."""
+    body = {"messages": [{"role": "user", "content": "What is 2 + 2?"}], "temperature": 0, "max_tokens": 24,
+            "reasoning_budget_tokens": 4, "reasoning_budget_message": " Time to answer."}
+    msg = httpx.post(smollm_think.url + "/v1/chat/completions", json=body, timeout=600).json()["choices"][0]["message"]
+    assert msg["reasoning_content"].endswith("Time to answer.")
+    raw = httpx.post(smollm_think.url + "/v1/chat/completions", timeout=600,
+                     json={**body, "reasoning_format": "none"}).json()["choices"][0]["message"]["content"]
+    assert " Time to answer.</think>" in raw  # the message and end tag were written into the output
+    thought = raw.partition(" Time to answer.</think>")[0]
+    tok = httpx.post(smollm_think.url + "/tokenize", json={"content": thought}).json()["tokens"]
+    assert 1 <= len(tok) <= 5  # at most the budget (re-tokenizing may merge or split one piece)

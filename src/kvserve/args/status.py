@@ -24,7 +24,6 @@ _MULTIMODAL = "multimodal input (projectors, media files) is not supported"
 _CHECKPOINTS = (
     "the shared paged cache keeps full KV for SWA layers, so checkpoints are not needed; see compat.md"
 )
-_REASONING = "reasoning budgets (forcing the end of a thinking block) are not implemented"
 _SPECULATIVE = "speculative decoding is not supported"
 _ROUTER = "router mode (several models) is not supported; kvserve serves one model"
 _LORA = "LoRA adapters are not supported"
@@ -84,8 +83,6 @@ WARNED: dict[str, str] = {
     "mcp_servers_json": _AGENT,
     "ctx_checkpoints": _CHECKPOINTS,
     "checkpoint_min_step": _CHECKPOINTS,
-    "reasoning_budget": _REASONING,
-    "reasoning_budget_message": _REASONING,
     "sleep_idle_seconds": "idle sleeping (unloading the model) is not implemented",
     "log_prompts_dir": "kvserve never writes prompts to disk",
     "log_jsonl": _LOGFMT,

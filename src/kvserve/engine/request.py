@@ -57,6 +57,8 @@ class RequestParams:
     # The request's compiled grammar (kvserve.grammar.CompiledGrammar) or None; each sequence
     # gets its own state of it. It never reaches the cache: cached KV does not depend on it.
     grammar: Any = None
+    # kvserve.engine.reasoning_budget.ReasoningBudget or None: the thinking block's token budget
+    reasoning_budget: Any = None
 
 
 @dataclass

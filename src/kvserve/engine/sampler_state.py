@@ -21,6 +21,7 @@ from kvserve.engine.dry import DryBreakers, dry_penalties
 from kvserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from kvserve.engine.reasoning_budget import BudgetState
     from kvserve.grammar import GrammarState
 
 NEG_INF = float("-inf")
@@ -88,6 +89,8 @@ class SequenceSampler:
     ) -> None:
         self.params = params
         self.grammar = grammar
+        # kvserve.engine.reasoning_budget.BudgetState or None (set by Sampling.make)
+        self.budget: BudgetState | None = None
         self.vocab_size = int(vocab_size)
         self.eog_ids = tuple(int(t) for t in eog_ids)
         self.seed = secrets.randbits(32) if params.is_random_seed else params.seed_u32

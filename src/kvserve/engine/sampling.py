@@ -3,6 +3,7 @@ EOG set and DRY sequence breakers, and one batched sampling call per step."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,9 +27,10 @@ class Sampling:
             self._pieces = [self.tok.token_bytes(i, special=False) for i in range(self.tok.n_vocab)]
         return self._pieces
 
-    def make(self, params: SamplingParams | None, history: list[int], grammar: Any = None) -> SequenceSampler:
+    def make(self, params: SamplingParams | None, history: list[int], grammar: Any = None,
+             budget: Any = None) -> SequenceSampler:
         """``grammar``: the request's ``kvserve.grammar.CompiledGrammar`` (or None); each
-        sequence gets its own state of it."""
+        sequence gets its own state of it. ``budget``: the request's ``ReasoningBudget`` (or None)."""
         params = params or SamplingParams()
         breakers = None
         if params.dry_multiplier > 0:
@@ -38,14 +40,21 @@ class Sampling:
                     key, self._token_bytes(), lambda s: self.tok.encode(s, add_special=False, parse_special=False)
                 )
             breakers = self._breakers[key]
-        return SequenceSampler(
+        sampler = SequenceSampler(
             params, self.n_vocab, self.tok.eog_ids, history, dry_breakers=breakers, n_ctx_train=self.n_ctx_train,
             grammar=grammar.new_state() if grammar is not None else None,
         )
+        sampler.budget = budget.new_state() if budget is not None else None
+        return sampler
 
     def sample(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> list[SampleResult]:
         results = sample_batch(logits, samplers)
-        for s, r in zip(samplers, results):
+        for i, (s, r) in enumerate(zip(samplers, results)):
+            forced = s.budget.forced_token() if s.budget is not None else None
+            if forced is not None:  # the reasoning budget is spent: its end is written instead
+                r = results[i] = replace(r, token=forced, grammar_stop=False)
             if not r.grammar_stop:
                 s.accept(r.token)
+                if s.budget is not None:
+                    s.budget.accept(r.token)
         return results

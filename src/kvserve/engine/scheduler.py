@@ -178,7 +178,8 @@ class Scheduler:
     def _launch(self, req: GenerationRequest, emit: Emit, slot: Slot) -> None:
         params = req.params
         ns = self.namespace(req.identity, slot.id)
-        sampler = self.sampling.make(params.sampling, list(req.prompt_tokens), params.grammar)
+        sampler = self.sampling.make(params.sampling, list(req.prompt_tokens), params.grammar,
+                                     params.reasoning_budget)
         seq = Sequence(
             req=req,
             emit=emit,

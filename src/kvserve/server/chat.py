@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvserve.server.chat_parsing import ChatSyntax
-from kvserve.server.chat_parsing.reasoning import REASONING_FORMATS
+from kvserve.server.chat_parsing.reasoning import REASONING_FORMATS, detect_think_tags
 from kvserve.server.chat_tools import (
     ToolRequest,
     build_syntax,
@@ -21,6 +21,7 @@ from kvserve.server.chat_tools import (
     polyfill_messages,
     read_tool_request,
     supports_thinking,
+    template_source,
 )
 from kvserve.grammar.spec import GrammarSpec
 from kvserve.server.engine_api import ChatTemplateLike
@@ -216,6 +217,10 @@ def prepare_chat(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: ServerS
     rendered = render_chat_full(body, tmpl, s)
     params["prompt"] = rendered.prompt
     params["generation_prompt"] = rendered.generation_prompt
+    tags = detect_think_tags(template_source(tmpl))
+    if tags is not None:  # what a reasoning budget counts between (the chat path sets them, as llama-server)
+        params["reasoning_budget_start_tag"] = tags.start
+        params["reasoning_budget_end_tags"] = [tags.end]
     if rendered.tool_grammar is not None and params.get("json_schema", body.get("json_schema")) is not None:
         raise invalid("A required tool call cannot be combined with response_format or json_schema")
 

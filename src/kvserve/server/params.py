@@ -15,6 +15,7 @@ from kvserve.engine.request import RequestParams
 from kvserve.engine.sampling_params import SamplingParams, parse_samplers
 from kvserve.grammar.spec import GrammarSpec
 from kvserve.server import fields as F
+from kvserve.server.budget_fields import reasoning_budget
 from kvserve.server.chat_parsing import ChatSyntax
 from kvserve.server.engine_api import TokenizerLike
 from kvserve.server.errors import invalid
@@ -100,6 +101,7 @@ def _samplers(v: Any, current: list[str]) -> list[str]:
 def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: TokenizerLike) -> CompletionParams:
     check_completion(data, s.unsupported_features)
     grammar = grammar_spec(data, s.grammar, tok)
+    budget = reasoning_budget(data, s, tok)
     d = s.sampling_defaults
     sv: dict[str, Any] = {k: d.get(k, v) for k, v in SAMPLING_DEFAULTS.items()}
     sv["samplers"] = list(sv["samplers"])
@@ -208,6 +210,7 @@ def parse_completion_params(data: dict[str, Any], s: ServerSettings, tok: Tokeni
         n_cache_reuse=n_cache_reuse, id_slot=int(id_slot), n_probs=n_probs,
         post_sampling_probs=post_sampling_probs, return_tokens=return_tokens,
         timings_per_token=timings_per_token, return_progress=return_progress, sampling=sampling,
+        reasoning_budget=budget,
     )
     return CompletionParams(
         req=req, eog_ids=tuple(sorted(int(t) for t in tok.eog_ids)), n_cmpl=n_cmpl, verbose=verbose, include_usage=include_usage,

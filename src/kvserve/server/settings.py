@@ -134,6 +134,8 @@ class ServerSettings:
     prefill_assistant: bool = True
     reasoning_format: str = "deepseek"
     reasoning: str = "auto"  # -rea: on | off | auto
+    reasoning_budget: int = -1  # --reasoning-budget: tokens inside a thinking block (-1 = unlimited)
+    reasoning_budget_message: str = ""  # --reasoning-budget-message
     skip_chat_parsing: bool = False
     jinja: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -210,6 +212,8 @@ class ServerSettings:
             prefill_assistant=bool(_pick(cfg, True, "prefill_assistant")),
             reasoning_format=str(_pick(cfg, d.reasoning_format, "reasoning_format")),
             reasoning=str(_pick(cfg, d.reasoning, "reasoning")),
+            reasoning_budget=int(_pick(cfg, d.reasoning_budget, "reasoning_budget")),
+            reasoning_budget_message=str(_pick(cfg, "", "reasoning_budget_message") or ""),
             skip_chat_parsing=bool(_pick(cfg, False, "skip_chat_parsing")),
             jinja=bool(_pick(cfg, True, "jinja")),
             chat_template_kwargs=dict(kwargs),

@@ -29,7 +29,8 @@ _REFUSED: dict[str, str] = {
 
 # For docs/compat.md: every request field refused with a 400, and when.
 REFUSED_FIELDS: list[tuple[str, str]] = [(k, f"{why} (any non-empty value)") for k, why in _REFUSED.items()] + [
-    ("reasoning_budget_tokens, thinking_budget_tokens", "reasoning budgets are not implemented (other than -1)"),
+    ("reasoning_budget_tokens, thinking_budget_tokens", "a budget (other than -1) without thinking tags: the "
+     "template has none and no reasoning_budget_start_tag/end_tags were given"),
     ("echo", "echoing the prompt is not implemented (true)"),
     ("best_of", "use 'n' for several completions (> 1)"),
     ("suffix", "use /infill for fill-in-the-middle (non-empty)"),
@@ -45,10 +46,6 @@ def check_completion(body: dict[str, Any], features: Mapping[str, str] | None = 
     for name, why in _REFUSED.items():
         if _truthy(body.get(name)):
             raise unsupported_field(name, why)
-    for name in ("reasoning_budget_tokens", "thinking_budget_tokens"):
-        v = body.get(name)
-        if v is not None and not isinstance(v, bool) and isinstance(v, (int, float)) and v != -1:
-            raise unsupported_field(name, "reasoning budgets are not implemented")
     if body.get("echo") is True:
         raise unsupported_field("echo", "echoing the prompt is not implemented")
     best_of = body.get("best_of")
