@@ -201,6 +201,9 @@ def render_compat() -> str:
     from kvserve.grammar.compat import COMPAT_SECTION
 
     out.append(COMPAT_SECTION)
+    from kvserve.server.chat_parsing.compat import COMPAT_SECTION as CHAT_SECTION
+
+    out.append(CHAT_SECTION)
     return "".join(out)
 
 
