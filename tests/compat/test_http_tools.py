@@ -284,3 +284,18 @@ def test_reasoning_budget_fields() -> None:
     assert r.status_code == 400 and "thinking tags" in r.json()["error"]["message"]
     r = chat(c, reasoning_budget_tokens=-2)
     assert r.status_code == 400 and "Value must be between -1" in r.json()["error"]["message"]
+
+
+def test_streamed_tool_calls_per_choice_with_n() -> None:
+    c, _ = make(HERMES_TEMPLATE, CALL)
+    r = chat(c, tools=[WEATHER], stream=True, n=2)
+    events = [e for e in sse_events(r.text) if e != "[DONE]"]
+    per_index: dict[int, str] = {}
+    for e in events:
+        for ch in e["choices"]:
+            for tc in ch["delta"].get("tool_calls", []):
+                per_index[ch["index"]] = per_index.get(ch["index"], "") + tc.get("function", {}).get("arguments", "")
+    # the fake engine shifts choice 1's output by one character: only choice 0 is a whole call
+    assert json.loads(per_index[0]) == {"location": "Istanbul"}
+    finishes = {ch["index"]: ch["finish_reason"] for e in events for ch in e["choices"] if ch["finish_reason"]}
+    assert finishes[0] == "tool_calls"
