@@ -233,3 +233,14 @@ def test_openapi_documents_request_bodies() -> None:
         assert model in spec["components"]["schemas"]
     assert "prompt" in spec["components"]["schemas"]["CompletionRequest"]["properties"]
     assert "ChatMessage" in spec["components"]["schemas"]
+
+
+def test_health_reports_an_engine_that_cannot_serve() -> None:
+    c, eng = client()
+    assert c.get("/health").json() == {"status": "ok"}
+    eng.unhealthy = "engine stopped after an internal error: boom"
+    r = c.get("/health")
+    assert r.status_code == 503
+    assert r.json() == {"error": {"code": 503, "message": "engine stopped after an internal error: boom",
+                                  "type": "unavailable_error"}}
+    assert c.get("/v1/health").status_code == 503

@@ -113,6 +113,7 @@ class FakeEngine:
     error_after: int = -1  # emit a server error after this many tokens
     output: str = OUTPUT  # what the model "generates", cyclically, one character per token
     eos_at_end: bool = False  # stop (stop_type "eos") once ``output`` has been generated once
+    unhealthy: str | None = None  # what health() reports
 
     def __post_init__(self) -> None:
         self.tokenizer = FakeTokenizer(self.fim)
@@ -190,6 +191,9 @@ class FakeEngine:
         emit(FinalEvent(req.id, req.index, text, tokens, req.index % self.n_slots, stop_type, word, False,
                         n_prompt, n_prompt // 2, len(tokens), n_prompt + len(tokens) - 1, 12.5, 30.25,
                         probs, "\n" in text))
+
+    def health(self) -> str | None:
+        return self.unhealthy
 
     def slots_snapshot(self) -> tuple[SlotView, ...]:
         return tuple(SlotView(i, self.n_ctx_slot, self.busy, -1, 0, 0, 0, None, IDLE) for i in range(self.n_slots))

@@ -89,15 +89,20 @@ class KVCacheManager:
         tokens: Sequence[int],
         use_cache: bool = True,
         n_cache_reuse: int = 0,
+        n_reserve: int = 0,
     ) -> Admission:
-        """Register a sequence and set up its cached prefix. All or nothing: raises
-        ``OutOfPages`` (nothing changed) when the copy-on-write pages cannot be found."""
+        """Register a sequence and set up its cached prefix; with ``n_reserve``, its page table
+        also covers positions ``[0, n_reserve)`` (the admission reserves what the sequence
+        needs). All or nothing: raises ``OutOfPages`` (nothing changed, no counter moved)
+        when the pages cannot be found."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id} already active")
         share = use_cache and self.enabled
+        n_res_pages = -(-n_reserve // self.page_size)
         if not share or not tokens:
-            self.seqs[seq_id] = SeqState(namespace, share)
-            return Admission(seq_id, 0, (), (), "disabled" if not share else "miss", 0, 0, 0)
+            pages = self._alloc(n_res_pages)
+            self.seqs[seq_id] = SeqState(namespace, share, pages)
+            return Admission(seq_id, 0, tuple(pages), (), "disabled" if not share else "miss", 0, 0, 0)
         plan = plan_admission(self.index, namespace, tokens, n_cache_reuse)
         shared = plan.shared_nodes()
         sources = plan.source_nodes()
@@ -105,7 +110,7 @@ class KVCacheManager:
         for p in held:
             self.pool.incref(p)
         try:
-            fresh = self._alloc(plan.n_private)
+            fresh = self._alloc(max(plan.n_private, n_res_pages - len(shared)))
         except OutOfPages:
             for p in held:
                 self._release(p)

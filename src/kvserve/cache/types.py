@@ -21,8 +21,8 @@ class Admission:
     """What ``KVCacheManager.begin`` set up for a new sequence.
 
     Positions ``[0, n_cached)`` hold valid KV once ``moves`` have run (in list order, before
-    the first forward of this sequence); ``page_table`` covers exactly those positions
-    (``ceil(n_cached / page_size)`` pages). The caller evaluates tokens from ``n_cached`` on.
+    the first forward of this sequence); ``page_table`` covers those positions
+    (``ceil(n_cached / page_size)`` pages), or ``[0, n_reserve)`` when that is more. The caller evaluates tokens from ``n_cached`` on.
 
         [0, n_reused_prefix)           prefix match: shared index pages + one copied page
         [n_reused_prefix, n_cached)    --cache-reuse chunks moved into place (delta <= 0)

@@ -3,6 +3,15 @@
 HTTP handlers call ``submit`` / ``cancel`` / snapshot methods from any thread; requests cross
 into the engine thread through a queue and come back as events through the request's
 ``emit`` callback. The thread sleeps on the queue when there is nothing to do.
+
+Snapshots: after every schedule, step and queue drain the thread publishes an immutable
+``EngineSnapshot`` by replacing one reference; readers never wait for a step.
+
+Failures: an exception while scheduling or committing one request fails that request (500,
+``got exception: ...``); a failed forward fails the requests of that step ("Compute error.").
+Anything else that escapes a step fails every request and is checked: if the cache's
+invariants still hold the engine goes on, else it stops serving (``health()`` reports the
+error, new requests fail at once) instead of hanging.
 """
 
 from __future__ import annotations
@@ -24,12 +33,13 @@ from ..model.chat_template import ChatTemplate
 from ..model.loader import LoadedModel
 from ..model.runner import ModelRunner
 from ..model.tokenizer import Tokenizer
-from .errors import EngineError
 from . import introspect, slot_store
-from .request import Emit, GenerationRequest
+from .errors import EngineError
+from .request import Emit, ErrorEvent, GenerationRequest
 from .sampling import Sampling
-from .snapshot import SlotView, slot_views
 from .scheduler import Scheduler, SchedulerConfig
+from .snapshot import EngineSnapshot, SlotView, build_snapshot
+from .stats import throughput
 
 log = logging.getLogger("kvserve.engine")
 
@@ -106,12 +116,15 @@ class Engine:
         )
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()  # guards snapshots against the engine thread's step
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.ready = False
         self.step_hook: Callable[[Engine], None] | None = None
         self.slot_save_path = opts.slot_save_path
+        self.fatal: str | None = None  # why the engine stopped serving (None: it serves)
+        self._snap: EngineSnapshot = build_snapshot(self.scheduler, self.cache, page_bytes)
+        self._scrape_lock = threading.Lock()  # /metrics scrapers only; never the engine thread
+        self._scraped_rates = self._snap.rates
 
     # -- facade (any thread) ---------------------------------------------------------------
     def new_request_id(self) -> int:
@@ -151,29 +164,35 @@ class Engine:
     def model_info(self) -> dict[str, Any]:
         return introspect.model_info(self.loaded, self.tokenizer)
 
+    def snapshot(self) -> EngineSnapshot:
+        """The state published at the end of the latest step (never waits)."""
+        return self._snap
+
     def slots_snapshot(self) -> tuple[SlotView, ...]:
-        with self._lock:
-            return slot_views(self.scheduler.slots, self.scheduler.running)
+        return self._snap.slots
 
     def metrics_snapshot(self) -> dict[str, float]:
-        with self._lock:
-            return introspect.metrics_snapshot(self)
+        """The latest counters; the throughput gauges cover the time since the previous call
+        (llama-server resets them on each scrape)."""
+        snap = self._snap
+        with self._scrape_lock:
+            prev, self._scraped_rates = self._scraped_rates, snap.rates
+        m = dict(snap.metrics)
+        m.update(throughput(snap.rates, prev))
+        return m
 
     def cache_info(self) -> dict[str, Any]:
         """The shared prefix cache's budget and state, for /props."""
-        with self._lock:
-            st = self.cache.stats()
-            limit = self.cache.retain_limit_pages
-            return {
-                "page_tokens": self.cache.page_size,
-                "page_bytes": self.page_bytes,
-                "pool_pages": self.cache.pool.n_pages,
-                "cache_ram_budget_bytes": -1 if limit is None else limit * self.page_bytes,
-                "retained_bytes": st.retained_pages * self.page_bytes,
-                "retained_tokens": st.retained_tokens,
-                "in_use_pages": st.in_use_pages,
-                "free_pages": st.free_pages,
-            }
+        return dict(self._snap.cache)
+
+    def health(self) -> str | None:
+        """None while the engine serves; else why it does not (``/health`` answers 503)."""
+        if self.fatal is not None:
+            return self.fatal
+        t = self._thread
+        if t is not None and not t.is_alive() and not self._stop.is_set():
+            return "the engine thread exited"
+        return None
 
     def memory_info(self) -> dict[str, Any]:
         """Resident bytes by owner, for the load log and /props."""
@@ -190,7 +209,7 @@ class Engine:
 
     def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
         slot_id = id_slot % self.n_slots
-        if self.scheduler.slots[slot_id].busy:
+        if self._snap.slots[slot_id].is_processing:
             raise EngineError("slot is busy", 503, "unavailable_error")
         if action == "erase":
             return self.call(lambda: slot_store.erase(self, slot_id))
@@ -253,7 +272,11 @@ class Engine:
         while True:
             kind, arg = item
             if kind == "submit":
-                self.scheduler.add(*arg)
+                if self.fatal is not None:
+                    req, emit = arg
+                    emit(ErrorEvent(req.id, req.index, 503, self.fatal, "unavailable_error"))
+                else:
+                    self.scheduler.add(*arg)
             elif kind == "cancel":
                 self.scheduler.cancel(arg)
             elif kind == "call":
@@ -261,35 +284,73 @@ class Engine:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return
+                break
+        self._publish()
+
+    def _publish(self) -> None:
+        self._snap = build_snapshot(self.scheduler, self.cache, self.page_bytes)
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         while not self._stop.is_set():
-            self._drain(block=not self.scheduler.has_work())
-            self.step()
+            try:
+                self._drain(block=self.fatal is not None or not self.scheduler.has_work())
+                if self.fatal is None:
+                    self.step()
+            except Exception as e:  # noqa: BLE001 - reported through health(), never silent
+                log.exception("engine loop failed")
+                self._stop_serving(f"engine loop failed: {type(e).__name__}: {e}")
 
     def step(self) -> bool:
-        """One schedule → run → commit. Returns whether a plan ran."""
-        with self._lock:
-            t0 = time.perf_counter()
-            plan = self.scheduler.schedule()
-            if plan is None:
-                return False
-            t1 = time.perf_counter()
-            try:
-                out = self.runner.run(plan)
-            except Exception as e:  # a failed forward fails its requests, not the server
-                log.exception("forward pass failed")
-                self.scheduler.fail_all([c.seq_id for c in plan.chunks], f"forward pass failed: {e}")
-                return True
-            t2 = time.perf_counter()
-            self.scheduler.commit(plan, out)
-            st = self.scheduler.stats
-            st.scheduler_s += (t1 - t0) + (time.perf_counter() - t2)
-            st.forward_s += t2 - t1
-            if self.opts.check_integrity:
-                self.cache.check_integrity()
+        """One schedule → run → commit, then publish a snapshot. Returns whether a plan ran."""
+        try:
+            return self._step()
+        except Exception as e:  # noqa: BLE001 - a bug outside any one request's handling
+            log.exception("engine step failed")
+            self._recover(e)
+            return True
+        finally:
+            self._publish()
+
+    def _step(self) -> bool:
+        sch = self.scheduler
+        t0 = time.perf_counter()
+        plan = sch.schedule()
+        if plan is None:
+            return False
+        self._publish()  # what is running during the forward (admissions, slots)
+        t1 = time.perf_counter()
+        try:
+            out = self.runner.run(plan)
+        except Exception:  # a failed forward fails its requests, not the server
+            log.exception("forward pass failed")
+            sch.fail_plan(plan, "Compute error.")
+            return True
+        t2 = time.perf_counter()
+        sch.commit(plan, out)
+        st = sch.stats
+        st.scheduler_s += (t1 - t0) + (time.perf_counter() - t2)
+        st.forward_s += t2 - t1
+        if self.opts.check_integrity:
+            self.cache.check_integrity()
         if self.step_hook is not None:
             self.step_hook(self)
         return True
+
+    def _recover(self, e: BaseException) -> None:
+        """Fail every request; go on only if the cache's invariants still hold."""
+        msg = f"got exception: {e}"
+        try:
+            self.scheduler.fail_everything(msg)
+            self.cache.check_integrity()
+        except Exception as e2:  # noqa: BLE001
+            log.exception("engine state is inconsistent")
+            self._stop_serving(f"engine stopped after an internal error: {type(e2).__name__}: {e2}")
+
+    def _stop_serving(self, reason: str) -> None:
+        self.fatal = reason
+        try:
+            self.scheduler.fail_everything(reason, 503, "unavailable_error")
+            self._publish()
+        except Exception:  # noqa: BLE001 - health() reports the reason without them
+            log.exception("failing the remaining requests failed")

@@ -1,4 +1,4 @@
-"""Read-only views of the engine for /metrics and /models (no tensors, no waiting)."""
+"""The served model's description for /models and /props."""
 
 from __future__ import annotations
 
@@ -23,34 +23,3 @@ def model_info(loaded: LoadedModel, tokenizer: Any) -> dict[str, Any]:
         "ftype": FTYPES.get(cfg.file_type, str(cfg.file_type)),
         "path": loaded.path,
     }
-
-
-def metrics_snapshot(engine: Any) -> dict[str, float]:
-    sch = engine.scheduler
-    m: dict[str, float] = dict(sch.stats.snapshot(reset_buckets=True))
-    m["requests_processing"] = sum(1 for s in sch.slots if s.busy)
-    m["requests_deferred"] = sch.n_deferred
-    m["t_start"] = sch.stats.t_start
-    c = engine.cache.stats()
-    page_tokens = engine.cache.page_size
-    m.update(
-        {
-            "kvserve:cache_lookups_total": c.lookups,
-            "kvserve:cache_hits_total": c.hits,
-            'kvserve:cache_tokens_reused_total{source="prefix"}': c.tokens_reused_prefix,
-            'kvserve:cache_tokens_reused_total{source="shift"}': c.tokens_reused_shift,
-            'kvserve:cache_tokens_reused_total{source="host"}': 0,
-            "kvserve:cache_evictions_total": c.evictions,
-            "kvserve:cache_retained_bytes": c.retained_pages * engine.page_bytes,
-            "kvserve:cache_retained_tokens": c.retained_tokens,
-            "kvserve:cache_budget_bytes": (
-                -1 if engine.cache.retain_limit_pages is None else engine.cache.retain_limit_pages * engine.page_bytes
-            ),
-            "kvserve:kv_pages_free": c.free_pages,
-            "kvserve:kv_pages_in_use": c.in_use_pages,
-            "kvserve:kv_page_tokens": page_tokens,
-            "kvserve:scheduler_seconds_total": sch.stats.scheduler_s,
-            "kvserve:forward_seconds_total": sch.stats.forward_s,
-        }
-    )
-    return m

@@ -13,20 +13,22 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
 from ..cache.page_pool import OutOfPages
+from .outcome import cancelled_event, decide_stop, final_event, record_finish
 from .output import TextOutput, token_prob
 from ..plan import Plan, RunOutput, SeqChunk
-from .request import CacheIdentity, Emit, ErrorEvent, FinalEvent, GenerationRequest, ProgressEvent, TokenEvent
+from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent, TokenEvent
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
 from .snapshot import IDLE, NextToken
 from .stats import EngineStats, timings
 
 log = logging.getLogger("kvserve.engine")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -95,27 +97,34 @@ class Scheduler:
 
     # -- schedule --------------------------------------------------------------------------
     def schedule(self) -> Plan | None:
+        """The batch: decode tokens (oldest first), then admission, then prompt chunks.
+
+        KV pages: a decoding sequence that cannot get its next page takes one from the
+        youngest sequence holding pages (preemption: that one's KV is donated or freed and
+        recomputed later); then a sequence is admitted with pages for everything it must
+        compute before its next sample (``n_target``), or waits. The oldest sequence is
+        never preempted while a younger one holds pages, so it always progresses: no
+        livelock.
+
+        An exception while handling one sequence fails that sequence (500) and scheduling
+        goes on with the others.
+        """
         self._apply_cancellations()
-        self._admit()
-        for seq in list(self.running.values()):
-            if seq.state is SeqState.WAIT_SHARED:
-                self._try_begin(seq)
         chunks: list[SeqChunk] = []
-        moves: list[Any] = []
-        decoding = [s for s in self.running.values() if s.state is SeqState.DECODE]
-        for seq in decoding:
-            if seq.n_computed + 1 >= self.cfg.n_ctx_slot:
-                try:
-                    self._context_shift(seq)
-                except OutOfPages:
-                    self._fail(seq, 500, "Context size has been exceeded.", "server_error")
-                    continue
-            try:
-                table = self.cache.reserve(seq.id, seq.n_computed + 1)
-            except OutOfPages:
-                self._fail(seq, 500, "Context size has been exceeded.", "server_error")
+        in_plan: set[int] = set()
+        for seq in [s for s in self.running.values() if s.state is SeqState.DECODE]:
+            if seq.state is not SeqState.DECODE:  # preempted by an older one just now
                 continue
-            chunks.append(SeqChunk(seq.id, (seq.tokens[seq.n_computed],), seq.n_computed, tuple(table), "last"))
+            table = self._guarded(seq, self._decode_pages, seq, in_plan)
+            if table is not None:
+                chunks.append(SeqChunk(seq.id, (seq.tokens[seq.n_computed],), seq.n_computed, table, "last"))
+                in_plan.add(seq.id)
+        # Admission takes what the decoding sequences left: older waiting ones first.
+        self._pages_short = False
+        for seq in list(self.running.values()):
+            if seq.state in (SeqState.WAIT_SHARED, SeqState.PREEMPTED):
+                self._guarded(seq, self._try_begin)
+        self._admit()
         budget = self.cfg.n_batch - len(chunks)
         if self.cfg.cont_batching or not chunks:
             for seq in list(self.running.values()):
@@ -123,39 +132,116 @@ class Scheduler:
                     break
                 if seq.state is not SeqState.PREFILL:
                     continue
-                n = min(budget, seq.n_prompt_total - seq.n_computed)
-                try:
-                    table = self.cache.reserve(seq.id, seq.n_computed + n)
-                except OutOfPages:
-                    if not chunks and len(self.running) == 1:
-                        self._fail(seq, 500, "Context size has been exceeded.", "server_error")
+                n = min(budget, seq.n_target - seq.n_computed)
+                table = self._guarded(seq, self._reserve, seq, seq.n_computed + n, in_plan)
+                if table is None:
                     continue
-                done = seq.n_computed + n == seq.n_prompt_total
+                done = seq.n_computed + n == seq.n_target
                 toks = tuple(seq.tokens[seq.n_computed : seq.n_computed + n])
-                chunks.append(SeqChunk(seq.id, toks, seq.n_computed, tuple(table), "last" if done else "none"))
+                chunks.append(SeqChunk(seq.id, toks, seq.n_computed, table, "last" if done else "none"))
+                in_plan.add(seq.id)
                 if not seq.t_prompt_start:
                     seq.t_prompt_start = time.perf_counter()
                 budget -= n
-        for seq in self.running.values():
-            if seq.pending_moves:
-                moves.extend(seq.pending_moves)
-                seq.pending_moves = ()
-        if not chunks and not moves:
+        # A sequence's moves travel with its own next forward (the cache's contract), so a
+        # failed forward never loses the moves of a sequence it did not run.
+        moves: list[Any] = []
+        for c in chunks:
+            seq = self.running[c.seq_id]  # a sequence with a chunk is neither failed nor preempted
+            moves.extend(seq.pending_moves)
+            seq.pending_moves = ()
+        if not chunks:
             return None
         return Plan(tuple(chunks), tuple(moves))
+
+    def _guarded(self, seq: Sequence, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)`` for ``seq`` (``fn(seq)`` without args); an exception fails ``seq``
+        with llama-server's ``got exception`` 500 and returns None."""
+        try:
+            return fn(*args) if args else fn(seq)
+        except Exception as e:  # noqa: BLE001 - one request's failure, not the server's
+            self.crash([seq], e)
+            return None
+
+    def crash(self, seqs: Iterable[Sequence], e: BaseException) -> None:
+        """Fail ``seqs`` after an unexpected exception while handling them."""
+        seqs = [s for s in seqs if s.state is not SeqState.DONE]
+        log.error("tasks %s: %s: %s", [s.id for s in seqs], type(e).__name__, e, exc_info=e)
+        for seq in seqs:
+            self._fail(seq, 500, f"got exception: {e}", "server_error")
+
+    def _decode_pages(self, seq: Sequence, in_plan: set[int]) -> tuple[int, ...] | None:
+        """Pages for ``seq``'s next token (context shift first when the slot is full)."""
+        if seq.n_computed + 1 >= self.cfg.n_ctx_slot:
+            if not self._with_room(seq, in_plan, lambda: self._context_shift(seq)):
+                return None
+        return self._reserve(seq, seq.n_computed + 1, in_plan)
+
+    def _reserve(self, seq: Sequence, n: int, in_plan: set[int]) -> tuple[int, ...] | None:
+        table: list[tuple[int, ...]] = []
+        ok = self._with_room(seq, in_plan, lambda: table.append(tuple(self.cache.reserve(seq.id, n))))
+        return table[0] if ok else None
+
+    def _with_room(self, seq: Sequence, in_plan: set[int], fn: Callable[[], Any]) -> bool:
+        """Run ``fn`` (which may raise ``OutOfPages``), preempting younger sequences that
+        hold pages until it succeeds. With none left, ``seq`` itself is preempted when an
+        older sequence holds pages (it resumes when they are done), else it fails with
+        llama-server's error. Returns whether ``fn`` ran."""
+        while True:
+            try:
+                fn()
+                return True
+            except OutOfPages:
+                victim = self._youngest_holder(after=seq, exclude=in_plan)
+                if victim is not None:
+                    self._preempt(victim)
+                    continue
+                if self._youngest_holder(exclude={seq.id}) is not None:
+                    self._preempt(seq)
+                else:
+                    self._fail(seq, 500, "Context size has been exceeded.", "server_error")
+                return False
+
+    def _youngest_holder(self, after: Sequence | None = None, exclude: set[int] = set()) -> Sequence | None:
+        """The youngest running sequence holding KV pages (younger than ``after``)."""
+        for s in reversed(self.running.values()):
+            if after is not None and s is after:
+                return None
+            if s.id not in exclude and s.state in (SeqState.PREFILL, SeqState.DECODE):
+                return s
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Give back ``seq``'s pages (its computed KV donated to the cache when it may be
+        shared, so the recompute is mostly a cache hit); it keeps its slot and output."""
+        log.info("task %d: preempted, KV pages exhausted (%d tokens to recompute)", seq.id, len(seq.tokens))
+        self.cache.finish(seq.id, seq.tokens, seq.n_computed, donate=seq.use_cache)
+        seq.state = SeqState.PREEMPTED
+        seq.pending_moves = ()
+        seq.n_computed = 0
+        seq.n_preempted += 1
+        self.stats.preemptions += 1
 
     def _apply_cancellations(self) -> None:
         if not self.cancelled:
             return
         ids = self.cancelled
         self.cancelled = set()
-        self.waiting = deque((r, e) for r, e in self.waiting if r.id not in ids)
+        kept: deque[tuple[GenerationRequest, Emit]] = deque()
+        for req, emit in self.waiting:
+            if req.id not in ids:
+                kept.append((req, emit))
+                continue
+            self.stats.requests_cancelled += 1
+            emit(cancelled_event(req))
+        self.waiting = kept
         for rid in ids:
             seq = self.running.get(rid)
             if seq is not None:
                 seq.cancelled = True
                 self.stats.requests_cancelled += 1
                 self._release(seq)
+                seq.emit(final_event(seq, self.tok))
 
     def _admit(self) -> None:
         kept: deque[tuple[GenerationRequest, Emit]] = deque()
@@ -189,13 +275,14 @@ class Scheduler:
             streamer=TextOutput(self.tok, params.stop, self.cfg.special, params.n_indent),
             tokens=list(req.prompt_tokens),
             n_prompt=len(req.prompt_tokens),
+            n_target=len(req.prompt_tokens),
             state=SeqState.WAIT_SHARED,
         )
         slot.seq_id = req.id
         slot.id_task = req.id
         slot.sampling = params.sampling
         self.running[req.id] = seq
-        self._try_begin(seq)
+        self._guarded(seq, self._try_begin)
 
     def identity_key(self, identity: CacheIdentity) -> tuple[Any, ...]:
         """The cache identity: this engine's model key plus the request's tenant/adapters/media."""
@@ -208,10 +295,15 @@ class Scheduler:
         return ns if self.cfg.share_across_slots else ns + (("slot", slot_id),)
 
     def _try_begin(self, seq: Sequence) -> None:
-        """Look up the cache; first wait while an earlier running request is computing a
-        prefix this one shares (so a burst on a new document computes it once)."""
+        """Look up the cache and take the pages ``seq`` needs up to ``n_target``, or leave it
+        waiting (WAIT_SHARED / PREEMPTED). First wait while an earlier running request is
+        computing a prefix this one shares (so a burst on a new document computes it once);
+        once one sequence waits for pages, later ones wait behind it (first come, first
+        served)."""
+        if self._pages_short:
+            return
         ps = self.cfg.page_size
-        if seq.use_cache and self.cache.enabled:
+        if seq.use_cache and self.cache.enabled and seq.state is SeqState.WAIT_SHARED:
             have = self.cache.lookup_len(seq.namespace, seq.tokens)
             for other in self.running.values():
                 if other is seq or other.state is not SeqState.PREFILL or other.namespace != seq.namespace:
@@ -221,13 +313,26 @@ class Scheduler:
                 shared = lcp_len(other.tokens[: other.n_prompt], seq.tokens)
                 if shared - have >= ps and other.n_computed < (shared // ps) * ps:
                     return  # stay WAIT_SHARED; re-checked every step
+        resumed = seq.state is SeqState.PREEMPTED
+        seq.n_target = len(seq.tokens)
         try:
-            adm = self.cache.begin(seq.id, seq.namespace, seq.tokens, seq.use_cache, seq.req.params.n_cache_reuse)
+            adm = self.cache.begin(
+                seq.id, seq.namespace, seq.tokens, seq.use_cache, seq.req.params.n_cache_reuse, seq.n_target
+            )
         except OutOfPages:
+            if self._youngest_holder(exclude={seq.id}) is None:
+                # Nothing holds pages that could come back: it can never fit.
+                self._fail(seq, 500, "Context size has been exceeded.", "server_error")
+            else:
+                self._pages_short = True
             return
-        seq.n_cached = seq.n_computed = adm.n_cached
+        seq.n_computed = adm.n_cached
         seq.pending_moves = adm.moves
         seq.state = SeqState.PREFILL
+        if resumed:
+            log.info("task %d: resumed, %d tokens, cached %d", seq.id, seq.n_target, adm.n_cached)
+            return
+        seq.n_cached = adm.n_cached
         slot = self.slots[seq.slot_id]
         slot.n_prompt_cache = adm.n_cached
         self._progress(seq, time.perf_counter())  # the 0% event
@@ -265,40 +370,55 @@ class Scheduler:
 
     # -- commit ----------------------------------------------------------------------------
     def commit(self, plan: Plan, out: RunOutput) -> None:
+        """Advance counters, publish computed pages, sample, apply stop rules and emit. An
+        exception while handling one sequence fails that sequence; one in the batched
+        sampling call fails the sequences being sampled."""
         now = time.perf_counter()
         to_sample: list[tuple[Sequence, torch.Tensor]] = []
-        n_decode = 0
         for chunk in plan.chunks:
             seq = self.running.get(chunk.seq_id)
-            if seq is None or seq.cancelled:
+            if seq is None or seq.cancelled or seq.state is SeqState.DONE:
                 continue
-            n = len(chunk.tokens)
-            seq.n_computed += n
-            if seq.state is SeqState.PREFILL:
-                seq.n_evaluated_prompt += n
-                self._progress(seq, now)
-                if seq.n_computed >= seq.n_prompt_total:
-                    seq.t_prompt_end = now
-                    to_sample.append((seq, out.logits[seq.id][-1]))
-            else:
-                n_decode += 1
-                to_sample.append((seq, out.logits[seq.id][-1]))
-            if seq.use_cache:
-                self.cache.publish(seq.id, seq.tokens, seq.n_computed)
-            self.stats.n_tokens_max = max(self.stats.n_tokens_max, seq.n_computed)
+            row = self._guarded(seq, self._advance, seq, chunk, out, now)
+            if row is not None:
+                to_sample.append((seq, row))
         self.stats.n_decode_total += 1
         self.stats.busy_slots_sum += sum(1 for s in self.slots if s.busy)
-        if to_sample:
+        if not to_sample:
+            return
+        try:
             results = self.sampling.sample(torch.stack([r for _, r in to_sample]), [s.sampler for s, _ in to_sample])
-            for (seq, _), res in zip(to_sample, results):
-                self._on_token(seq, res, now)
+        except Exception as e:  # noqa: BLE001 - fails the sampled requests, not the server
+            self.crash([s for s, _ in to_sample], e)
+            return
+        for (seq, _), res in zip(to_sample, results):
+            self._guarded(seq, self._on_token, seq, res, now)
+
+    def _advance(self, seq: Sequence, chunk: SeqChunk, out: RunOutput, now: float) -> torch.Tensor | None:
+        """Account for ``chunk``'s tokens; the logits row to sample from, if one is due."""
+        seq.n_computed += len(chunk.tokens)
+        row = None
+        if seq.state is SeqState.PREFILL:
+            if seq.n_preempted == 0:
+                seq.n_evaluated_prompt += len(chunk.tokens)
+                self._progress(seq, now)
+            if seq.n_computed >= seq.n_target:
+                if seq.n_decoded == 0:
+                    seq.t_prompt_end = now
+                row = out.logits[seq.id][-1]
+        else:
+            row = out.logits[seq.id][-1]
+        if seq.use_cache:
+            self.cache.publish(seq.id, seq.tokens, seq.n_computed)
+        self.stats.n_tokens_max = max(self.stats.n_tokens_max, seq.n_computed)
+        return row
 
     def _on_token(self, seq: Sequence, res: Any, now: float) -> None:
         if getattr(res, "grammar_stop", False):
             self._grammar_stop(seq)
             return
         tok = int(res.token)
-        first = seq.state is SeqState.PREFILL
+        first = seq.n_decoded == 0
         seq.state = SeqState.DECODE
         seq.tokens.append(tok)
         seq.generated.append(tok)
@@ -312,22 +432,7 @@ class Scheduler:
             probs = [token_prob(self.tok, tok, res, p.post_sampling_probs)]
             seq.probs.extend(probs)
         n_predict = p.n_predict if p.n_predict != -1 else self.cfg.n_predict
-        if is_eog:
-            seq.stop_type = "eos"
-        elif hit is not None and hit.kind == "word":
-            seq.stop_type, seq.stopping_word = "word", hit.word
-        elif hit is not None:  # n_indent: llama-server reports it as a limit
-            seq.stop_type = "limit"
-        elif n_predict >= 0 and seq.n_decoded >= max(1, n_predict):
-            seq.stop_type = "limit"
-        elif not self.cfg.context_shift and len(seq.tokens) >= self.cfg.n_ctx_slot:
-            seq.stop_type, seq.truncated = "limit", True
-        elif (
-            p.t_max_predict_ms > 0
-            and "\n" in text
-            and (now - seq.t_prompt_end) * 1000.0 > p.t_max_predict_ms
-        ):
-            seq.stop_type = "limit"
+        decide_stop(seq, is_eog, hit, text, now, n_predict, self.cfg)
         done = seq.stop_type != "none"
         if done:
             text += seq.streamer.flush(hit is not None)
@@ -365,35 +470,8 @@ class Scheduler:
         self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
-        st = self.stats
-        st.prompt_tokens_total += seq.n_evaluated_prompt
-        st.prompt_tokens_cached_total += seq.n_cached
-        st.prompt_seconds_total += seq.prompt_ms() / 1000.0
-        st.tokens_predicted_total += seq.n_decoded
-        st.tokens_predicted_seconds_total += seq.predicted_ms() / 1000.0
-        st.bucket_prompt_tokens += seq.n_evaluated_prompt
-        st.bucket_prompt_s += seq.prompt_ms() / 1000.0
-        st.bucket_predicted_tokens += max(0, seq.n_decoded - 1)
-        st.bucket_predicted_s += seq.predicted_ms() / 1000.0
-        st.requests_finished += 1
-        ev = FinalEvent(
-            request_id=seq.id,
-            index=seq.req.index,
-            content="".join(seq.content),
-            tokens=list(seq.generated),
-            id_slot=seq.slot_id,
-            stop_type=seq.stop_type,
-            stopping_word=seq.stopping_word,
-            truncated=seq.truncated,
-            n_prompt=seq.n_prompt,
-            n_cached=seq.n_cached,
-            n_decoded=seq.n_decoded,
-            tokens_cached=seq.n_computed,
-            prompt_ms=seq.prompt_ms(),
-            predicted_ms=seq.predicted_ms(),
-            probs=self._final_probs(seq),
-            has_new_line="\n" in "".join(seq.content),
-        )
+        record_finish(self.stats, seq)
+        ev = final_event(seq, self.tok)
         log.info(
             "task %d: done, slot %d, prompt %d, cached %d, evaluated %d, generated %d, stop %s%s",
             seq.id, seq.slot_id, seq.n_prompt, seq.n_cached, seq.n_evaluated_prompt, seq.n_decoded,
@@ -402,35 +480,43 @@ class Scheduler:
         self._release(seq)
         seq.emit(ev)
 
-    def _final_probs(self, seq: Sequence) -> list[Any]:
-        """llama-server drops the probabilities of a stop word's tokens from the final list
-        (as many entries as the stop word has tokens)."""
-        probs = list(seq.probs)
-        if seq.stop_type == "word" and probs:
-            n = len(self.tok.encode(seq.stopping_word, add_special=False, parse_special=False))
-            probs = probs[: max(0, len(probs) - n)]
-        return probs
-
     def _fail(self, seq: Sequence, code: int, message: str, typ: str) -> None:
+        """End ``seq`` with an error event (emitted even when releasing its pages raises)."""
         log.warning("task %d: %s", seq.id, message)
         seq.cancelled = True
-        self._release(seq, donate=False)
-        seq.emit(ErrorEvent(seq.id, seq.req.index, code, message, typ))
+        try:
+            self._release(seq, donate=False)
+        finally:
+            seq.emit(ErrorEvent(seq.id, seq.req.index, code, message, typ))
 
-    def fail_all(self, ids: list[int], message: str) -> None:
-        for rid in ids:
-            seq = self.running.get(rid)
+    def fail_plan(self, plan: Plan, message: str) -> None:
+        """A failed forward: fail the sequences it ran (their moves were in it; no other
+        sequence's moves were)."""
+        for c in plan.chunks:
+            seq = self.running.get(c.seq_id)
             if seq is not None:
                 self._fail(seq, 500, message, "server_error")
 
+    def fail_everything(self, message: str, code: int = 500, typ: str = "server_error") -> None:
+        """Fail every running and waiting request (the engine cannot go on)."""
+        waiting, self.waiting = self.waiting, deque()
+        for req, emit in waiting:
+            emit(ErrorEvent(req.id, req.index, code, message, typ))
+        for seq in list(self.running.values()):
+            try:
+                self._fail(seq, code, message, typ)
+            except Exception:  # noqa: BLE001 - the event went out; the pages are moot now
+                log.exception("task %d: release failed", seq.id)
+
     def _release(self, seq: Sequence, donate: bool = True) -> None:
+        """Take ``seq`` off its slot and give its pages back (donating its KV if allowed)."""
         seq.state = SeqState.DONE
         self.running.pop(seq.id, None)
-        if seq.id in self.cache.seqs:
-            self.cache.finish(seq.id, seq.tokens, seq.n_computed, donate=donate and seq.use_cache)
         slot = self.slots[seq.slot_id]
         slot.seq_id = None
         slot.prompt_tokens = list(seq.tokens[: seq.n_computed])
         slot.n_prompt_processed = seq.n_evaluated_prompt
         slot.t_last_used = time.perf_counter()
         slot.next_token = IDLE
+        if seq.id in self.cache.seqs:
+            self.cache.finish(seq.id, seq.tokens, seq.n_computed, donate=donate and seq.use_cache)

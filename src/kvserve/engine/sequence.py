@@ -5,8 +5,12 @@
     n_cached      prompt tokens whose KV came from the cache at admission (timings.cache_n)
     n_computed    tokens whose KV is in the sequence's pages: positions [0, n_computed)
     n_decoded     generated tokens (tokens_predicted)
+    n_target      tokens whose KV must exist before the next sample: the prompt, or after a
+                  preemption every token (the last sampled one included)
 
-A cache hit only means ``n_computed`` starts above 0; nothing else special-cases it.
+A cache hit only means ``n_computed`` starts above 0; nothing else special-cases it. A
+preempted sequence holds no KV pages and keeps everything else (its slot, sampler, detokenizer,
+output so far); it is admitted again like a new prompt of ``tokens`` and continues.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from .request import Emit, GenerationRequest, TokenProb
 
 
 class SeqState(enum.Enum):
-    WAIT_SHARED = "wait_shared"  # waits for a running request to publish a shared prefix
-    PREFILL = "prefill"
+    WAIT_SHARED = "wait_shared"  # waits for a shared prefix to be published, or for KV pages
+    PREEMPTED = "preempted"  # its KV pages were taken back; waits to recompute them
+    PREFILL = "prefill"  # computing positions [n_computed, n_target)
     DECODE = "decode"
     DONE = "done"
 
@@ -40,6 +45,8 @@ class Sequence:
     n_cached: int = 0
     n_computed: int = 0
     n_decoded: int = 0
+    n_target: int = 0
+    n_preempted: int = 0  # times its KV was taken back
     pending_moves: tuple = ()
     content: list[str] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
@@ -61,11 +68,6 @@ class Sequence:
     @property
     def use_cache(self) -> bool:
         return self.req.params.cache_prompt
-
-    @property
-    def n_prompt_total(self) -> int:
-        """Tokens that must be computed before the first sample: the (possibly shifted) prompt."""
-        return len(self.tokens) - self.n_decoded
 
     def prompt_ms(self) -> float:
         return max(0.0, (self.t_prompt_end - self.t_prompt_start) * 1000.0) if self.t_prompt_start else 0.0

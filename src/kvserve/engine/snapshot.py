@@ -1,12 +1,17 @@
-"""Plain, immutable views of the engine's state for the HTTP side (``/slots``; no JSON here).
+"""Immutable snapshots of the engine's state for the HTTP side (no JSON here).
 
-The engine thread builds them; the server renders them in llama-server's shapes.
+The engine thread builds an ``EngineSnapshot`` after every step and publishes it by replacing
+one reference; ``/health``, ``/metrics``, ``/slots`` and ``/props`` read the latest one without
+waiting for the engine (a forward pass can take seconds). Nothing in a snapshot is shared with
+the engine's live state. The server renders them in llama-server's shapes.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from .sampling_params import SamplingParams
 
@@ -57,3 +62,67 @@ def slot_views(slots: Any, running: Any) -> tuple[SlotView, ...]:
             next_token=s.next_token,
         ))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine at the end of one step.
+
+    ``metrics``: llama-server metric names without the ``llamacpp:`` prefix (cumulative ones
+    and gauges; the two throughput gauges are the scraper's, from ``rates``) and kvserve cache
+    counters as ``kvserve:<name>`` or ``kvserve:<name>{label="value"}``.
+    ``rates``: cumulative (prompt tokens, prompt s, decode steps, decode s) behind those gauges.
+    ``cache``: the prompt cache's budget and state, for /props.
+    """
+
+    slots: tuple[SlotView, ...]
+    metrics: Mapping[str, float]
+    rates: tuple[int, float, int, float]
+    cache: Mapping[str, Any]
+    t_built: float
+
+
+def build_snapshot(scheduler: Any, cache: Any, page_bytes: int) -> EngineSnapshot:
+    """``scheduler``: the Scheduler; ``cache``: its KVCacheManager. Engine thread only."""
+    st = scheduler.stats
+    c = cache.stats()
+    limit = cache.retain_limit_pages
+    budget = -1 if limit is None else limit * page_bytes
+    m: dict[str, float] = st.counters()
+    m.update({
+        "requests_processing": sum(1 for s in scheduler.slots if s.busy),
+        "requests_deferred": scheduler.n_deferred,
+        "t_start": st.t_start,
+        "kvserve:cache_lookups_total": c.lookups,
+        "kvserve:cache_hits_total": c.hits,
+        'kvserve:cache_tokens_reused_total{source="prefix"}': c.tokens_reused_prefix,
+        'kvserve:cache_tokens_reused_total{source="shift"}': c.tokens_reused_shift,
+        'kvserve:cache_tokens_reused_total{source="host"}': 0,
+        "kvserve:cache_evictions_total": c.evictions,
+        "kvserve:cache_retained_bytes": c.retained_pages * page_bytes,
+        "kvserve:cache_retained_tokens": c.retained_tokens,
+        "kvserve:cache_budget_bytes": budget,
+        "kvserve:kv_pages_free": c.free_pages,
+        "kvserve:kv_pages_in_use": c.in_use_pages,
+        "kvserve:kv_page_tokens": cache.page_size,
+        "kvserve:kv_preemptions_total": st.preemptions,
+        "kvserve:scheduler_seconds_total": st.scheduler_s,
+        "kvserve:forward_seconds_total": st.forward_s,
+    })
+    info = {
+        "page_tokens": cache.page_size,
+        "page_bytes": page_bytes,
+        "pool_pages": cache.pool.n_pages,
+        "cache_ram_budget_bytes": budget,
+        "retained_bytes": c.retained_pages * page_bytes,
+        "retained_tokens": c.retained_tokens,
+        "in_use_pages": c.in_use_pages,
+        "free_pages": c.free_pages,
+    }
+    return EngineSnapshot(
+        slots=slot_views(scheduler.slots, scheduler.running),
+        metrics=MappingProxyType(m),
+        rates=st.rates(),
+        cache=MappingProxyType(info),
+        t_built=time.time(),
+    )

@@ -27,6 +27,8 @@ def timings(n_prompt: int, n_cached: int, n_decoded: int, prompt_ms: float, pred
 
 @dataclass
 class EngineStats:
+    """Cumulative counters, changed on the engine thread only (snapshots copy them)."""
+
     prompt_tokens_total: int = 0
     prompt_tokens_cached_total: int = 0
     prompt_seconds_total: float = 0.0
@@ -35,19 +37,22 @@ class EngineStats:
     n_decode_total: int = 0
     n_tokens_max: int = 0
     busy_slots_sum: int = 0
-    # since the last scrape (llama-server resets these buckets on each /metrics read)
-    bucket_prompt_tokens: int = 0
-    bucket_prompt_s: float = 0.0
-    bucket_predicted_tokens: int = 0
-    bucket_predicted_s: float = 0.0
+    # Behind llama-server's throughput gauges, which cover the time since the previous
+    # /metrics scrape: the scraper takes the growth of these between its reads.
+    rate_prompt_tokens: int = 0
+    rate_prompt_s: float = 0.0
+    rate_predicted_tokens: int = 0  # decode steps: n_decoded - 1 per request
+    rate_predicted_s: float = 0.0
     requests_finished: int = 0
     scheduler_s: float = 0.0  # Python time in schedule() + commit() (sampling included)
     forward_s: float = 0.0  # time in runner.run()
     requests_cancelled: int = 0
+    preemptions: int = 0  # sequences whose KV pages were taken back (recomputed later)
     t_start: float = field(default_factory=time.time)
 
-    def snapshot(self, reset_buckets: bool = True) -> dict[str, float]:
-        out = {
+    def counters(self) -> dict[str, float]:
+        """llama-server's cumulative metrics (the throughput gauges come from the scraper)."""
+        return {
             "prompt_tokens_total": self.prompt_tokens_total,
             "prompt_tokens_cached_total": self.prompt_tokens_cached_total,
             "prompt_seconds_total": self.prompt_seconds_total,
@@ -55,13 +60,18 @@ class EngineStats:
             "tokens_predicted_seconds_total": self.tokens_predicted_seconds_total,
             "n_decode_total": self.n_decode_total,
             "n_tokens_max": self.n_tokens_max,
-            "prompt_tokens_seconds": self.bucket_prompt_tokens / self.bucket_prompt_s if self.bucket_prompt_s else 0.0,
-            "predicted_tokens_seconds": (
-                self.bucket_predicted_tokens / self.bucket_predicted_s if self.bucket_predicted_s else 0.0
-            ),
             "n_busy_slots_per_decode": self.busy_slots_sum / self.n_decode_total if self.n_decode_total else 0.0,
         }
-        if reset_buckets:
-            self.bucket_prompt_tokens = self.bucket_predicted_tokens = 0
-            self.bucket_prompt_s = self.bucket_predicted_s = 0.0
-        return out
+
+    def rates(self) -> tuple[int, float, int, float]:
+        return self.rate_prompt_tokens, self.rate_prompt_s, self.rate_predicted_tokens, self.rate_predicted_s
+
+
+def throughput(now: tuple[int, float, int, float], prev: tuple[int, float, int, float]) -> dict[str, float]:
+    """llama-server's ``prompt_tokens_seconds`` / ``predicted_tokens_seconds``: tokens per
+    second of the requests finished between two scrapes (0 when none)."""
+    pt, ps, gt, gs = (a - b for a, b in zip(now, prev))
+    return {
+        "prompt_tokens_seconds": pt / ps if ps else 0.0,
+        "predicted_tokens_seconds": gt / gs if gs else 0.0,
+    }

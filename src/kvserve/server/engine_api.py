@@ -5,8 +5,8 @@ hands them to ``EngineAPI.submit``; events come back through ``emit`` on the eng
 
 Threading contract:
 - ``submit``, ``cancel`` and ``new_request_id`` are thread-safe and never block for long.
-- ``slots_snapshot`` and ``metrics_snapshot`` may be called from the event loop; they must
-  return quickly (a copy of counters, no waiting for a decode step).
+- ``health``, ``slots_snapshot``, ``metrics_snapshot`` and ``cache_info`` may be called from
+  the event loop; they read the latest published snapshot and never wait for a step.
 - ``slot_action`` and ``embed`` may block (they run in a worker thread on the server side).
 - Exactly one terminal event (``FinalEvent`` or ``ErrorEvent``) per submitted request, also
   after ``cancel`` (an ``ErrorEvent`` or a ``FinalEvent`` with what was generated; the server
@@ -84,6 +84,10 @@ class EngineAPI(Protocol):
     def submit(self, req: GenerationRequest, emit: Emit) -> None: ...
 
     def cancel(self, request_id: int) -> None: ...
+
+    def health(self) -> str | None:
+        """None while requests are served; else the reason they are not (``/health`` 503)."""
+        ...
 
     def slots_snapshot(self) -> tuple[SlotView, ...]:
         """One plain view per slot; the server renders llama-server's ``GET /slots`` form."""

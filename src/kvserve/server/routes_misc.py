@@ -37,8 +37,12 @@ def make_router(prefix: str) -> APIRouter:
 
     @r.get("/health", tags=["server"])
     @r.get("/v1/health", tags=["server"], include_in_schema=False)
-    async def health() -> Response:
-        """``{"status": "ok"}`` (503 while the model loads). Public."""
+    async def health(request: Request) -> Response:
+        """``{"status": "ok"}``; 503 while the model loads, or with the error when the engine
+        cannot serve. Public."""
+        err = request.app.state.engine.health()
+        if err is not None:
+            raise ApiError(err, UNAVAILABLE)
         return JSONResponse({"status": "ok"})
 
     @r.get("/models", tags=["server"], include_in_schema=False)

@@ -1,0 +1,165 @@
+"""A scheduler on a fake model: no tensors of a real model, KV rows simulated by ``KVSim``.
+
+The fake model's next token is a function of every (token, position) its KV rows hold, so a
+sequence whose KV is lost, stale or misplaced (a preemption recomputed wrongly, a dropped
+move) produces other tokens than the reference, and a read of an unwritten row fails at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kvserve.cache.kv_sim import KVSim
+from kvserve.cache.manager import KVCacheManager
+from kvserve.engine.request import CacheIdentity, ErrorEvent, FinalEvent, GenerationRequest, RequestParams
+from kvserve.engine.sampling import Sampling
+from kvserve.engine.sampling_params import SamplingParams
+from kvserve.engine.scheduler import Scheduler, SchedulerConfig
+from kvserve.plan import Plan, RunOutput
+
+V = 50
+EOS = 0
+GREEDY = SamplingParams(temperature=0.0, top_k=1)
+
+
+def next_token(rows: list[tuple[int, int]]) -> int:
+    """The fake model: a hash of the whole context, never EOS."""
+    h = 17
+    for tok, pos in rows:
+        h = (h * 1_000_003 + tok * 31 + pos) % 2_147_483_647
+    return 1 + h % (V - 1)
+
+
+def reference(prompt: list[int], n_predict: int) -> list[int]:
+    """Greedy output of the fake model computed from scratch (no cache, no preemption)."""
+    toks = list(prompt)
+    for _ in range(n_predict):
+        toks.append(next_token([(t, p) for p, t in enumerate(toks)]))
+    return toks[len(prompt) :]
+
+
+class _Decoder:
+    def feed(self, token: int) -> str:
+        return chr(ord("a") + token % 26)
+
+    def flush(self) -> str:
+        return ""
+
+
+class FakeTokenizer:
+    n_vocab = V
+    eog_ids = (EOS,)
+    add_bos = False
+
+    def stream_decoder(self, special: bool = False) -> _Decoder:
+        return _Decoder()
+
+    def encode(self, text: str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        return [ord(c) % V for c in text]
+
+    def token_bytes(self, tid: int, special: bool = True) -> bytes:
+        return _Decoder().feed(tid).encode()
+
+
+class FakeRunner:
+    """Executes a plan on ``KVSim``: moves first, then each chunk, asserting that every row
+    below the chunk holds KV of its own position; logits are one-hot on ``next_token``.
+    ``fail(plan)`` returning True makes the step raise (after the moves, like a forward
+    that dies half-way)."""
+
+    def __init__(self, mgr: KVCacheManager, fail: Callable[[Plan], bool] | None = None) -> None:
+        self.kv = KVSim(mgr.pool.n_pages, mgr.page_size, writable=mgr.pool.is_private)
+        self.fail = fail
+        self.n_runs = 0
+
+    def run(self, plan: Plan) -> RunOutput:
+        self.n_runs += 1
+        for mv in plan.moves:
+            self.kv.apply(mv)
+        if self.fail is not None and self.fail(plan):
+            raise RuntimeError("injected forward failure")
+        logits: dict[int, object] = {}
+        for c in plan.chunks:
+            end = c.start_pos + len(c.tokens)
+            assert len(c.page_table) * self.kv.page_size >= end, "page table too short"
+            before = self.kv.read(c.page_table, 0, c.start_pos)
+            for p, row in enumerate(before):
+                assert row is not None and row[1] == p, f"seq {c.seq_id}: KV row {p} is {row}"
+            self.kv.forward(c.page_table, [0] * c.start_pos + list(c.tokens), c.start_pos, end)
+            if c.logits != "none":
+                rows = self.kv.read(c.page_table, 0, end)
+                x = torch.zeros(1, V)
+                x[0, next_token(rows)] = 10.0  # type: ignore[arg-type]
+                logits[c.seq_id] = x
+        return RunOutput(logits)
+
+
+@dataclass
+class Events:
+    events: list[Any] = field(default_factory=list)
+
+    def __call__(self, ev: Any) -> None:
+        self.events.append(ev)
+
+    @property
+    def terminal(self) -> list[Any]:
+        return [e for e in self.events if isinstance(e, (FinalEvent, ErrorEvent))]
+
+    @property
+    def final(self) -> FinalEvent | None:
+        return next((e for e in self.events if isinstance(e, FinalEvent)), None)
+
+    @property
+    def error(self) -> ErrorEvent | None:
+        return next((e for e in self.events if isinstance(e, ErrorEvent)), None)
+
+
+class Harness:
+    def __init__(self, n_pages: int, page_size: int = 4, n_slots: int = 4, n_ctx_slot: int = 64,
+                 n_batch: int = 64, retain: int | None = None, fail: Callable[[Plan], bool] | None = None):
+        self.mgr = KVCacheManager(n_pages, page_size, retain)
+        tok = FakeTokenizer()
+        self.sch = Scheduler(
+            SchedulerConfig(n_slots=n_slots, n_ctx_slot=n_ctx_slot, n_batch=n_batch, page_size=page_size),
+            self.mgr, tok, Sampling(tok, V, torch.device("cpu")),
+        )
+        self.runner = FakeRunner(self.mgr, fail)
+        self._ids = 0
+
+    def submit(self, prompt: list[int], n_predict: int, **params: Any) -> tuple[int, Events]:
+        self._ids += 1
+        ev = Events()
+        req = GenerationRequest(self._ids, list(prompt), RequestParams(n_predict=n_predict, sampling=GREEDY,
+                                                                       **params), CacheIdentity())
+        self.sch.add(req, ev)
+        return self._ids, ev
+
+    def step(self) -> bool:
+        """schedule → run → commit as the engine does (a failed run fails its plan)."""
+        plan = self.sch.schedule()
+        ran = plan is not None
+        if plan is not None:
+            try:
+                out = self.runner.run(plan)
+            except RuntimeError:
+                self.sch.fail_plan(plan, "Compute error.")
+            else:
+                self.sch.commit(plan, out)
+        self.mgr.check_integrity()
+        return ran
+
+    def run(self, max_steps: int = 5000) -> int:
+        for n in range(max_steps):
+            if not self.sch.has_work():
+                return n
+            self.step()
+        raise AssertionError(f"no progress after {max_steps} steps (livelock)")
+
+    def assert_idle(self) -> None:
+        assert not self.sch.running and not self.sch.waiting
+        assert not any(s.busy for s in self.sch.slots)
+        assert self.mgr.stats().in_use_pages == 0 and not self.mgr.seqs
+        self.mgr.check_integrity()
