@@ -1,13 +1,54 @@
-"""What ends a request and what it reports: llama-server's stop rules, the final event and
-the counters a finished request adds to /metrics."""
+"""What a sampled token does to a request, and what ends it: released text and token events,
+llama-server's stop rules, the final event and the counters a finished request adds."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .request import FinalEvent, GenerationRequest, TokenProb
+from .output import token_prob
+from .request import FinalEvent, GenerationRequest, TokenEvent, TokenProb
 from .sequence import Sequence
-from .stats import EngineStats
+from .stats import EngineStats, timings
+
+
+def push_token(seq: Sequence, res: Any, now: float, n_predict: int, tokenizer: Any, eog: Any, cfg: Any) -> bool:
+    """Append the sampled token ``res.token``, release its text (a ``TokenEvent`` when
+    streaming) and apply the stop rules. Returns whether the request is done."""
+    tok = int(res.token)
+    first = seq.n_decoded == 0
+    seq.tokens.append(tok)
+    seq.generated.append(tok)
+    seq.n_decoded += 1
+    seq.t_last_token = now
+    p = seq.req.params
+    is_eog = tok in eog
+    text, hit = seq.streamer.push_token(tok, is_eog)
+    probs = []
+    if p.n_probs > 0:
+        probs = [token_prob(tokenizer, tok, res, p.post_sampling_probs)]
+        seq.probs.extend(probs)
+    decide_stop(seq, is_eog, hit, text, now, n_predict, cfg)
+    done = seq.stop_type != "none"
+    if done:
+        text += seq.streamer.flush(hit is not None)
+    seq.content.append(text)
+    if p.stream and (text or probs or (first and p.return_progress)):
+        tim = None
+        if p.timings_per_token:
+            tim = timings(seq.n_prompt, seq.n_cached, seq.n_decoded, seq.prompt_ms(), seq.predicted_ms())
+        seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim))
+    return done
+
+
+def grammar_stop(seq: Sequence) -> bool:
+    """The request's grammar allows no further token (it cannot be satisfied, or it is
+    complete and end-of-generation is banned): it ends with stop type "grammar", no new token."""
+    seq.stop_type = "grammar"
+    text = seq.streamer.flush(False)
+    seq.content.append(text)
+    if seq.req.params.stream and text:
+        seq.emit(TokenEvent(seq.id, seq.req.index, text, [], seq.n_decoded, seq.n_prompt, []))
+    return True
 
 
 def decide_stop(seq: Sequence, is_eog: bool, hit: Any, text: str, now: float, n_predict: int, cfg: Any) -> None:

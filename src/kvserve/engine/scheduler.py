@@ -18,14 +18,14 @@ from typing import Any, Callable, Iterable, TypeVar
 import torch
 
 from ..cache.page_pool import OutOfPages
-from .outcome import cancelled_event, decide_stop, final_event, record_finish
-from .output import TextOutput, token_prob
+from .outcome import cancelled_event, final_event, grammar_stop, push_token, record_finish
+from .output import TextOutput
 from ..plan import Plan, RunOutput, SeqChunk
-from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent, TokenEvent
+from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
 from .snapshot import IDLE, NextToken
-from .stats import EngineStats, timings
+from .stats import EngineStats
 
 log = logging.getLogger("kvserve.engine")
 T = TypeVar("T")
@@ -414,36 +414,14 @@ class Scheduler:
         return row
 
     def _on_token(self, seq: Sequence, res: Any, now: float) -> None:
-        if getattr(res, "grammar_stop", False):
-            self._grammar_stop(seq)
-            return
-        tok = int(res.token)
-        first = seq.n_decoded == 0
-        seq.state = SeqState.DECODE
-        seq.tokens.append(tok)
-        seq.generated.append(tok)
-        seq.n_decoded += 1
-        seq.t_last_token = now
         p = seq.req.params
-        is_eog = tok in self.eog
-        text, hit = seq.streamer.push_token(tok, is_eog)
-        probs = []
-        if p.n_probs > 0:
-            probs = [token_prob(self.tok, tok, res, p.post_sampling_probs)]
-            seq.probs.extend(probs)
         n_predict = p.n_predict if p.n_predict != -1 else self.cfg.n_predict
-        decide_stop(seq, is_eog, hit, text, now, n_predict, self.cfg)
-        done = seq.stop_type != "none"
-        if done:
-            text += seq.streamer.flush(hit is not None)
-        seq.content.append(text)
-        if p.stream and (text or probs or (first and p.return_progress)):
-            tim = None
-            if p.timings_per_token:
-                tim = timings(seq.n_prompt, seq.n_cached, seq.n_decoded, seq.prompt_ms(), seq.predicted_ms())
-            seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim))
-        slot = self.slots[seq.slot_id]
-        slot.next_token = NextToken(
+        if getattr(res, "grammar_stop", False):
+            done = grammar_stop(seq)
+        else:
+            seq.state = SeqState.DECODE
+            done = push_token(seq, res, now, n_predict, self.tok, self.eog, self.cfg)
+        self.slots[seq.slot_id].next_token = NextToken(
             has_next_token=not done,
             has_new_line="\n" in "".join(seq.content),
             n_remain=(n_predict - seq.n_decoded) if n_predict >= 0 else -1,
@@ -451,23 +429,6 @@ class Scheduler:
         )
         if done:
             self._finish(seq)
-
-    def _grammar_stop(self, seq: Sequence) -> None:
-        """The request's grammar allows no further token (it cannot be satisfied, or it is
-        complete and end-of-generation is banned): end with stop type "grammar", no new token."""
-        seq.state = SeqState.DECODE
-        seq.stop_type = "grammar"
-        text = seq.streamer.flush(False)
-        seq.content.append(text)
-        if seq.req.params.stream and text:
-            seq.emit(TokenEvent(seq.id, seq.req.index, text, [], seq.n_decoded, seq.n_prompt, []))
-        p = seq.req.params
-        n_predict = p.n_predict if p.n_predict != -1 else self.cfg.n_predict
-        self.slots[seq.slot_id].next_token = NextToken(
-            has_next_token=False, has_new_line="\n" in "".join(seq.content),
-            n_remain=(n_predict - seq.n_decoded) if n_predict >= 0 else -1, n_decoded=seq.n_decoded,
-        )
-        self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
         record_finish(self.stats, seq)
