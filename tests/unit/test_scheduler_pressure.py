@@ -210,3 +210,30 @@ def test_metrics_throughput_covers_the_time_since_the_previous_scrape() -> None:
     second = st.rates()
     assert throughput(second, first) == {"prompt_tokens_seconds": 200.0, "predicted_tokens_seconds": 20.0}
     assert throughput(second, second) == {"prompt_tokens_seconds": 0.0, "predicted_tokens_seconds": 0.0}
+
+
+@pytest.mark.parametrize("n_pages", [40, 13])
+def test_context_shift_under_page_pressure(n_pages: int) -> None:
+    """Context shifts (which copy shared pages) in a pool that runs out: every request still
+    generates all its tokens, the prompt head (n_keep) stays, KV rows stay consistent (the
+    fake runner checks every row's position) and nothing leaks."""
+    from kvserve.engine.scheduler import SchedulerConfig
+
+    h = Harness(n_pages=n_pages, page_size=4, n_slots=3, n_ctx_slot=24)
+    h.sch.cfg = SchedulerConfig(n_slots=3, n_ctx_slot=24, n_batch=16, page_size=4, context_shift=True)
+    subs = [h.submit(p, 40, n_keep=3) for p in _prompts(3, 11, 6, 10)]
+    heads = {rid: list(h.sch.waiting[i][0].prompt_tokens[:3]) for i, (rid, _) in enumerate(subs)}
+
+    def step_and_check() -> None:
+        h.step()
+        for s in h.sch.running.values():
+            assert s.tokens[:3] == heads[s.id]
+
+    for _ in range(3000):
+        if not h.sch.has_work():
+            break
+        step_and_check()
+    for _, ev in subs:
+        assert ev.final is not None and ev.final.n_decoded == 40 and ev.final.truncated, ev.error
+    assert (h.sch.stats.preemptions > 0) == (n_pages < 20)
+    h.assert_idle()
