@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kvserve.model.chat_messages import MessageFormatError, request_messages
 from kvserve.server.chat_parsing import ChatSyntax
 from kvserve.server.chat_parsing.reasoning import REASONING_FORMATS, detect_think_tags
 from kvserve.server.chat_tools import (
@@ -31,44 +32,14 @@ from kvserve.server.grammar_fields import response_format_schema
 from kvserve.server.tool_grammar import tool_call_grammar
 from kvserve.server.unsupported import check_chat
 
-_MEDIA_PARTS = ("image_url", "input_audio", "input_video", "audio_url", "video_url")
-
-
 def _validate_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    if "messages" not in body:
-        raise invalid("'messages' is required")
-    messages = body["messages"]
-    if not isinstance(messages, list):
-        raise invalid("Expected 'messages' to be an array")
-    out: list[dict[str, Any]] = []
-    for msg in messages:
-        if not isinstance(msg, dict):
-            raise invalid("Expected each message to be an object")
-        role = msg.get("role") if isinstance(msg.get("role"), str) else ""
-        if role != "assistant" and "content" not in msg:
-            raise invalid("All non-assistant messages must contain 'content'")
-        if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
-            raise invalid("Assistant message must contain either 'content' or 'tool_calls'!")
-        m = dict(msg)
-        content = msg.get("content")
-        if isinstance(content, list):
-            texts: list[str] = []
-            for p in content:
-                ptype = p.get("type") if isinstance(p, dict) else None
-                if ptype in _MEDIA_PARTS:
-                    raise unsupported_field(f"content[].type={ptype}", "multimodal input is not implemented")
-                if ptype != "text":
-                    raise invalid("unsupported content[].type")
-                text = p.get("text", "")
-                texts.append(text if isinstance(text, str) else json.dumps(text))
-            # Templates without typed-content support see the text parts joined by newlines.
-            m["content"] = "\n".join(texts)
-        elif content is None:
-            m["content"] = ""
-        elif not isinstance(content, str):
-            raise invalid("Expected 'content' to be a string or an array")
-        out.append(m)
-    return out
+    """llama-server's checks on ``messages`` (``model.chat_messages``, the one place they live)."""
+    try:
+        return request_messages(body)
+    except MessageFormatError as e:
+        if e.unsupported is not None:
+            raise unsupported_field(e.unsupported, str(e)) from None
+        raise invalid(str(e)) from None
 
 
 def _template_kwargs(body: dict[str, Any], s: ServerSettings, tmpl: ChatTemplateLike) -> dict[str, Any]:
