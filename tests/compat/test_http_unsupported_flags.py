@@ -64,3 +64,16 @@ def test_no_jinja_prefill_matches_llama_server(smollm_meta: dict[str, Any]) -> N
                                   "<|im_start|>assistant\nWh<|im_end|>\n")
     r = c.post("/apply-template", json={"messages": msgs[:2]})
     assert r.json()["prompt"].endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_header_names_are_capitalized_like_llama_server() -> None:
+    """cpp-httplib writes ``Content-Type``, ``Access-Control-Allow-Origin``...; clients that copy the
+    headers into a plain dict (llama.cpp's own test suite does) look them up with that case."""
+    c, _ = client()
+    for method, path in (("GET", "/metrics"), ("OPTIONS", "/completions"), ("GET", "/health")):
+        r = c.request(method, path, headers={"Origin": "web.mydomain.fr"})
+        names = [k for k, _ in r.headers.raw]
+        assert b"Server" in names and b"Access-Control-Allow-Origin" in names and b"Content-Type" in names, names
+        assert all(n == b"-".join(p[:1].upper() + p[1:] for p in n.split(b"-")) for n in names), names
+    r = c.get("/metrics")
+    assert b"Process-Start-Time-Unix" in [k for k, _ in r.headers.raw]

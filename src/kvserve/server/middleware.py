@@ -10,6 +10,8 @@ Order (``server-http.cpp``):
 4. API key (when keys are configured): ``Authorization: Bearer <k>`` (or ``X-Api-Key`` when
    Authorization is empty); ``/health``, ``/v1/health`` and the front-end paths are public; else 401.
 Every response carries ``Server: llama.cpp``. An unhandled exception becomes a 500 JSON error.
+Header names go out capitalized as llama-server (cpp-httplib) writes them (``Content-Type``,
+``Access-Control-Allow-Origin``, ``Process-Start-Time-Unix``): some clients compare them exactly.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ log = logging.getLogger("kvserve.server")
 _LOCALHOSTS = ("localhost", "127.0.0.1", "::1")
 # Served without auth and while loading (besides /health): the API description.
 _DOC_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
+
+
+def canonical_header(name: bytes) -> bytes:
+    """``access-control-allow-origin`` -> ``Access-Control-Allow-Origin``."""
+    return b"-".join(part[:1].upper() + part[1:] for part in name.lower().split(b"-"))
 
 
 class LlamaMiddleware:
@@ -84,7 +91,7 @@ class LlamaMiddleware:
                 started = True
                 drop = {b"server", b"access-control-allow-origin"}
                 hs = [(k, v) for k, v in message.get("headers", []) if k.lower() not in drop]
-                message = {**message, "headers": hs + extra}
+                message = {**message, "headers": [(canonical_header(k), v) for k, v in hs + extra]}
             await send(message)
 
         async def reply(status: int, body: bytes, content_type: str,
