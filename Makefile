@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install serve test test-fast compat-doc qwen
+.PHONY: install serve test test-fast compat-doc test-upstream upstream-baseline qwen
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -43,3 +43,15 @@ qwen: install  # Qwen2.5-Coder-0.5B for the tool-call tests (the slow tests fetc
 
 compat-doc: install
 	$(PY) -m kvserve.args --write-compat docs/compat.md
+
+# llama.cpp's own server tests (tools/server/tests of the llama-cpp-python 0.3.36 sdist), offline, with
+# the SmolLM2 and Gemma 3 GGUFs from their packages: the tests the real llama-server passes with them
+# (scripts/upstream/baseline.txt) run against kvserve. See scripts/upstream/README.md.
+test-upstream: install
+	KVSERVE_PYTHON=$(abspath $(PY)) bash scripts/upstream/run.sh kvserve listed
+
+# Re-derive that list: build the real llama-server with scripts/upstream/build-llama-server.sh and run
+# the whole suite (-m "not slow") against it; the passing ids are printed to replace baseline.txt.
+upstream-baseline: install
+	KVSERVE_PYTHON=$(abspath $(PY)) bash scripts/upstream/run.sh llama-server all
+	@echo "passing tests: build/upstream/passed-llama-server-all.txt (copy into scripts/upstream/baseline.txt)"

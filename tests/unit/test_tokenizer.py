@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import heapq
 import json
 import random
@@ -12,7 +14,7 @@ import pytest
 
 
 from ..conftest import GOLDEN_DIR
-from kvserve.model.tokenizer import StreamDecoder, Tokenizer, VocabInfo, utf8_complete_prefix
+from kvserve.model.tokenizer import StreamDecoder, TokenAttr, Tokenizer, VocabInfo, utf8_complete_prefix
 
 GOLDEN = GOLDEN_DIR
 FIELDS = ("add_special", "no_special", "no_parse_special", "pieces", "detokenized")
@@ -322,13 +324,18 @@ def _spm_reference(vocab: VocabInfo, text: str) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def _user_defined(tok: Tokenizer) -> tuple[int, ...]:
+    """User-defined token ids, longest text first (llama.cpp's special-token order)."""
+    flag = int(TokenAttr.USER_DEFINED)
+    ids = [i for i, a in enumerate(tok.vocab.attrs) if a & flag]
+    return tuple(sorted(ids, key=lambda i: (-len(tok.vocab.tokens[i].encode()), i)))
+
+
 def _partition_reference(tok: Tokenizer, text: str) -> list[str | int]:
     """llama.cpp's ``tokenizer_st_partition`` with parse_special=False: user-defined tokens only,
     one at a time, longest first, over the fragments the previous ones left."""
-    from kvserve.model.tokenizer import TokenAttr
-
-    user = [i for i, a in enumerate(tok.vocab.attrs) if a & TokenAttr.USER_DEFINED and tok.vocab.tokens[i] in text]
-    user.sort(key=lambda i: (-len(tok.vocab.tokens[i].encode()), i))
+    user = [i for i in _user_defined(tok) if tok.vocab.tokens[i] in text]
     frags: list[str | int] = [text]
     for tid in user:
         needle, out = tok.vocab.tokens[tid], []
