@@ -168,3 +168,22 @@ def test_preempted_outputs_equal_unpreempted_greedy_outputs(smollm, tok):
     tight, n1 = outputs(n_ctx=64, n_ctx_slot=160)
     assert n0 == 0 and n1 > 0
     assert tight == roomy
+
+
+def test_exception_at_intake_fails_that_request_only(smollm, tok):
+    eng = make_engine(smollm, n_slots=1)
+    real_add = eng.scheduler.add
+    bad = _ids(tok, "One")
+
+    def add(req: Any, emit: Any) -> None:
+        if req.prompt_tokens == bad:
+            raise ValueError("unreadable request")
+        real_add(req, emit)
+
+    eng.scheduler.add = add  # type: ignore[method-assign]
+    _, a = submit(eng, _ids(tok, "One"), n_predict=2)
+    _, b = submit(eng, _ids(tok, "Two"), n_predict=2)
+    run(eng, [a, b])
+    assert a.error is not None and a.error.message == "got exception: unreadable request"
+    assert b.final is not None and eng.health() is None
+    assert_idle(eng)

@@ -237,3 +237,31 @@ def test_context_shift_under_page_pressure(n_pages: int) -> None:
         assert ev.final is not None and ev.final.n_decoded == 40 and ev.final.truncated, ev.error
     assert (h.sch.stats.preemptions > 0) == (n_pages < 20)
     h.assert_idle()
+
+
+def test_random_cancels_under_pressure_give_one_terminal_event_each() -> None:
+    """Cancels at any point (waiting for a slot, waiting for pages, preempted, mid-prompt,
+    mid-stream) in a pool that runs out: exactly one terminal event per request, uncancelled
+    ones produce their reference tokens, nothing leaks."""
+    rng = random.Random(5)
+    h = Harness(n_pages=12, page_size=4, n_slots=3, n_ctx_slot=40, n_batch=12)
+    reqs = {}
+    for p in _prompts(40, 9):
+        n = rng.randrange(4, 20)
+        rid, ev = h.submit(p, n)
+        reqs[rid] = (p, n, ev)
+    cancelled: set[int] = set()
+    for _ in range(5000):
+        if not h.sch.has_work():
+            break
+        for rid in list(reqs):
+            if rid not in cancelled and not reqs[rid][2].terminal and rng.random() < 0.01:
+                h.sch.cancel(rid)
+                cancelled.add(rid)
+        h.step()
+    assert cancelled and h.sch.stats.preemptions > 0
+    for rid, (p, n, ev) in reqs.items():
+        assert len(ev.terminal) == 1, (rid, ev.events)
+        if rid not in cancelled:
+            assert ev.final is not None and ev.final.tokens == reference(p, n)
+    h.assert_idle()

@@ -276,7 +276,7 @@ class Engine:
                     req, emit = arg
                     emit(ErrorEvent(req.id, req.index, 503, self.fatal, "unavailable_error"))
                 else:
-                    self.scheduler.add(*arg)
+                    self._add(*arg)
             elif kind == "cancel":
                 self.scheduler.cancel(arg)
             elif kind == "call":
@@ -286,6 +286,13 @@ class Engine:
             except queue.Empty:
                 break
         self._publish()
+
+    def _add(self, req: GenerationRequest, emit: Emit) -> None:
+        try:
+            self.scheduler.add(req, emit)
+        except Exception as e:  # noqa: BLE001 - this request's failure, not the server's
+            log.exception("task %d: intake failed", req.id)
+            emit(ErrorEvent(req.id, req.index, 500, f"got exception: {e}", "server_error"))
 
     def _publish(self) -> None:
         self._snap = build_snapshot(self.scheduler, self.cache, self.page_bytes)

@@ -462,7 +462,10 @@ class Scheduler:
         """Fail every running and waiting request (the engine cannot go on)."""
         waiting, self.waiting = self.waiting, deque()
         for req, emit in waiting:
-            emit(ErrorEvent(req.id, req.index, code, message, typ))
+            try:
+                emit(ErrorEvent(req.id, req.index, code, message, typ))
+            except Exception:  # noqa: BLE001 - the others still get theirs
+                log.exception("task %d: emit failed", req.id)
         for seq in list(self.running.values()):
             try:
                 self._fail(seq, code, message, typ)
