@@ -118,6 +118,9 @@ class ModelResult:
     rss_after_load_mib: float
     peak_rss_mib: float
     cuda_max_alloc_mib: float | None
+    weight_bytes: int = 0  # bytes a decode step reads for weights (embedding table excluded unless tied)
+    kv_bytes_per_token: int = 0  # all layers, K and V
+    backend: str = ""
 
 
 class Bench:
@@ -139,7 +142,7 @@ class Bench:
         self.c_pages = pages(args.ctx)
         self.s_pages = pages(args.ctx + args.steps + args.warmup_steps)
         n_pages = self.p_pages + self.c_pages + self.s_pages * max(args.batches or [1])
-        self.runner = ModelRunner(loaded, n_pages, ps, None, args.ubatch)
+        self.runner = ModelRunner(loaded, n_pages, ps, None, args.ubatch, max_batch=max(args.batches or [1]))
         self.device = loaded.device
         g = torch.Generator().manual_seed(0)
         n_vocab = loaded.cfg.n_vocab
@@ -220,6 +223,7 @@ def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "
         decode[bs] = b.decode(bs)
         print(f"{name}: decode batch {bs}: {decode[bs]:.1f} tok/s", file=sys.stderr, flush=True)
     cuda_peak = torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
+    backend = b.runner.backend.name + ("+graphs" if b.runner.graphs is not None else "")
     res = ModelResult(
         name=name,
         arch=loaded.cfg.arch,
@@ -231,9 +235,55 @@ def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "
         rss_after_load_mib=rss_load / MIB,
         peak_rss_mib=peak_rss_bytes() / MIB,
         cuda_max_alloc_mib=cuda_peak,
+        weight_bytes=weight_bytes(loaded),
+        kv_bytes_per_token=loaded.cfg.kv_bytes_per_token(b.runner.kv.k.element_size()),
+        backend=backend,
     )
     del b, loaded
     return res
+
+
+def weight_bytes(loaded: LoadedModel) -> int:
+    """Bytes of every parameter and buffer a decode step reads: all but the embedding table,
+    of which a step reads only its tokens' rows (unless the output projection is tied to it)."""
+    model = loaded.model
+    skip = set() if loaded.cfg.tied_embeddings else {id(model.embed.weight)}
+    tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers()) if id(t) not in skip}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def copy_bandwidth(device: torch.device, n_bytes: int = 4 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second (median of 10 copies)."""
+    src = torch.empty(n_bytes // 2, dtype=torch.int16, device=device).random_()
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(13):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        dst.copy_(src)
+        e1.record()
+        e1.synchronize()
+        if i >= 3:
+            times.append(e0.elapsed_time(e1) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n_bytes / statistics.median(times)
+
+
+def print_roofline(results: list[ModelResult], args: argparse.Namespace, bw: float) -> None:
+    """Decode against the bandwidth roofline: a step reads every weight once and each sequence's
+    KV (``--ctx`` tokens); the fastest step moves those bytes at the measured copy bandwidth."""
+    print(f"## Decode against the bandwidth roofline (copy bandwidth {bw / 1e9:.0f} GB/s, read + write)\n")
+    head = ["model", "backend", "batch", "weights GB", "KV read GB/step", "roofline tok/s", "measured tok/s",
+            "fraction of roofline"]
+    rows = []
+    for r in results:
+        for bs in args.batches:
+            kv = bs * args.ctx * r.kv_bytes_per_token
+            roof = bs / ((r.weight_bytes + kv) / bw)
+            rows.append([r.name, r.backend, bs, r.weight_bytes / 1e9, kv / 1e9, roof, r.decode[bs],
+                         r.decode[bs] / roof])
+    print_table(head, rows, digits=2)
 
 
 def profile_model(name: str, path: str, args: argparse.Namespace) -> None:
@@ -298,6 +348,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense", "both"],
                    help="weight layout: auto (quantized on CPU with f32), quant, dense (every weight "
                         "dequantized to --dtype), both (one row each: the quantized file and its dense twin)")
+    p.add_argument("--roofline", action="store_true",
+                   help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
     p.add_argument("--profile", action="store_true",
                    help="instead of throughput: per-step host vs GPU time and top host costs "
                         "(prefill at --prefill lengths, decode at --batches)")
@@ -334,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             "decode": f"batches {args.batches}, each sequence {args.ctx} tokens of context in its own pages, "
                       f"{args.steps} timed steps after {args.warmup_steps} warm-up, logits last",
             "page size": args.page_size,
+            "attention backend": os.environ.get("KVSERVE_ATTN_BACKEND") or "default (triton on CUDA, torch on CPU)",
+            "CUDA graphs": "off" if os.environ.get("KVSERVE_CUDA_GRAPHS") == "0" else "decode steps (CUDA, triton)",
             "mode": "profile (per-step host vs GPU time)" if args.profile else "throughput",
             "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",
         },
@@ -365,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         rows2 = [[r.name] + [ratio(r.prefill[n], r.decode[b0]) for n in args.prefill]
                  + [ratio(r.decode[b], r.decode[b0]) for b in args.batches[1:]] for r in results]
         print_table(head2, rows2, digits=2)
+    if args.roofline and cuda:
+        print_roofline(results, args, copy_bandwidth(torch.device("cuda")))
     return 0
 
 

@@ -83,7 +83,7 @@ class Engine:
             # A shift rewrites the kept tail into fresh pages while the old ones are still
             # shared with the prefix index: room for one more slot's worth of pages.
             n_pages += -(-self.n_ctx_slot // ps)
-        self.runner = ModelRunner(loaded, n_pages, ps, opts.kv_dtype, opts.n_ubatch)
+        self.runner = ModelRunner(loaded, n_pages, ps, opts.kv_dtype, opts.n_ubatch, max_batch=opts.n_slots)
         page_bytes = self.runner.kv.bytes_per_page
         if opts.cache_ram_mib < 0:
             retain: int | None = None

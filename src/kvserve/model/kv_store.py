@@ -4,7 +4,8 @@ Layout per K and V: one tensor [n_layer, n_pages * page_size, n_head_kv, head_di
 ``page * page_size + r`` holds the token at row r of that page. Page bookkeeping (who owns which
 page, what it caches) is pure Python in ``kvserve.cache``; this class only moves numbers.
 Memory is allocated with ``torch.empty``: pages never written are never touched, so resident
-memory follows the pages actually used.
+memory follows the pages actually used. One more page than ``n_pages``, the scratch page (zeroed),
+takes the writes of padding rows in fixed-size (CUDA graph) batches; no sequence owns it.
 """
 
 from __future__ import annotations
@@ -27,9 +28,13 @@ class PagedKVStore:
         self.page_size = page_size
         self.dtype = dtype
         self.device = device
-        shape = (cfg.n_layer, n_pages * page_size, cfg.n_head_kv, cfg.head_dim)
+        self.scratch_page = n_pages
+        shape = (cfg.n_layer, (n_pages + 1) * page_size, cfg.n_head_kv, cfg.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        scratch = slice(n_pages * page_size, (n_pages + 1) * page_size)
+        self.k[:, scratch].zero_()
+        self.v[:, scratch].zero_()
 
     @property
     def bytes_per_page(self) -> int:

@@ -50,3 +50,33 @@ def rope_shift(
     pos = torch.full((keys.shape[0],), delta, dtype=torch.int64, device=keys.device)
     cos, sin = rope_cos_sin(pos, rope_dim, base, scale, torch.float32)
     return apply_rope(keys.float(), cos, sin, style).to(keys.dtype)
+
+
+class RopeTables:
+    """cos/sin per position, computed once (float64 angles, stored float32) for every rope key
+    ``(base, scale)`` of a model: ``cos[key][p]`` is what ``rope_cos_sin`` gives for position p.
+    Tables grow (doubling) when a position beyond them is asked for; a step indexes them with its
+    positions instead of recomputing the angles."""
+
+    def __init__(self, keys: set[tuple[float, float]], rope_dim: int, device: torch.device, n_pos: int = 4096) -> None:
+        self.keys = sorted(keys)
+        self.rope_dim = rope_dim
+        self.device = device
+        self.n_pos = 0
+        self.cos: dict[tuple[float, float], torch.Tensor] = {}
+        self.sin: dict[tuple[float, float], torch.Tensor] = {}
+        self.ensure(n_pos)
+
+    def ensure(self, n_pos: int) -> None:
+        """Cover positions [0, n_pos)."""
+        if n_pos <= self.n_pos:
+            return
+        n = max(n_pos, 2 * self.n_pos)
+        pos = torch.arange(n, dtype=torch.int64, device=self.device)
+        for key in self.keys:
+            self.cos[key], self.sin[key] = rope_cos_sin(pos, self.rope_dim, key[0], key[1], torch.float32)
+        self.n_pos = n
+
+    def lookup(self, positions: torch.Tensor) -> dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]:
+        """Per key, (cos, sin) [T, rope_dim // 2] at ``positions`` (which must be covered)."""
+        return {k: (self.cos[k].index_select(0, positions), self.sin[k].index_select(0, positions)) for k in self.keys}

@@ -3,10 +3,17 @@
 It decides nothing: which tokens, which pages and which moves all come from the plan.
 A plan larger than ``n_ubatch`` tokens is split into micro-batches; a chunk split in two runs
 its second half after the first half's KV has been written, so results do not depend on it.
+
+Attention goes through a backend (``backends``): torch (the reference; CPU) or Triton (CUDA).
+On CUDA with the Triton backend, a plan of single-token chunks that fits a captured batch
+bucket replays a CUDA graph (``graph_runner``); every other plan runs eagerly.
+``KVSERVE_CUDA_GRAPHS=0`` turns the graphs off.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -14,9 +21,13 @@ import torch
 from torch.autograd.profiler import record_function
 
 from ..plan import Plan, RunOutput, SeqChunk
-from .attention import build_meta
+from .backends import StepSeq, backend_name, make_backend
+from .graph_runner import GraphRunner
 from .kv_store import PagedKVStore
 from .loader import LoadedModel
+from .rope import RopeTables
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -34,7 +45,9 @@ class ModelRunner:
         page_size: int = 16,
         kv_dtype: torch.dtype | None = None,
         n_ubatch: int = 512,
+        max_batch: int = 16,
     ) -> None:
+        """``max_batch``: the most sequences a decode step will have (CUDA graph buckets)."""
         self.loaded = loaded
         self.cfg = loaded.cfg
         self.model = loaded.model
@@ -42,6 +55,18 @@ class ModelRunner:
         self.page_size = page_size
         self.n_ubatch = max(1, n_ubatch)
         self.kv = PagedKVStore(self.cfg, n_pages, page_size, kv_dtype or loaded.dtype, loaded.device)
+        cfg = self.cfg
+        name = backend_name(self.device.type)
+        # The Triton backend (and its graphs) needs every position's angles up front.
+        n_pos = (n_pages + 1) * page_size if name == "triton" else 4096
+        keys = {cfg.layer_rope(i) for i in range(cfg.n_layer)}
+        self.rope = RopeTables(keys, cfg.rope_dim, self.device, n_pos)
+        self.backend = make_backend(cfg, self.kv, self.rope, name)
+        self.graphs: GraphRunner | None = None
+        graphs_on = os.environ.get("KVSERVE_CUDA_GRAPHS", "1") != "0"
+        if self.backend.supports_graphs and self.device.type == "cuda" and graphs_on:
+            self.graphs = GraphRunner(self.model, self.backend, max(1, min(max_batch, self.n_ubatch)))
+        log.info("attention backend: %s%s", self.backend.name, ", CUDA graphs for decode" if self.graphs else "")
 
     def _micro_batches(self, chunks: tuple[SeqChunk, ...]) -> list[list[_Piece]]:
         batches: list[list[_Piece]] = [[]]
@@ -65,22 +90,23 @@ class ModelRunner:
             with record_function("kvserve.moves"):
                 self.kv.apply_moves(plan.moves)
         parts: dict[int, list[torch.Tensor]] = {}
+        if self.graphs is not None and self._graph_plan(plan):
+            bucket = self.graphs.bucket(len(plan.chunks))
+            if bucket is not None:
+                seqs = [StepSeq(c.seq_id, c.start_pos, 1, c.page_table) for c in plan.chunks]
+                with record_function("kvserve.graph_replay"):
+                    logits = self.graphs.run(bucket, seqs, [c.tokens[0] for c in plan.chunks])
+                out = {c.seq_id: logits[i : i + 1] for i, c in enumerate(plan.chunks)}
+                return RunOutput(logits=out, forward_s=time.perf_counter() - t0)
         for batch in self._micro_batches(plan.chunks):
             rf = record_function("kvserve.inputs")
             rf.__enter__()
-            ids = torch.tensor(
-                [tok for p in batch for tok in p.chunk.tokens[p.offset : p.offset + p.n]],
-                dtype=torch.int64,
-                device=self.device,
-            )
-            meta = build_meta(
-                [(p.chunk.start_pos + p.offset, p.n, list(p.chunk.page_table)) for p in batch],
-                self.page_size,
-                self.device,
-            )
+            ids = [tok for p in batch for tok in p.chunk.tokens[p.offset : p.offset + p.n]]
+            seqs = [StepSeq(p.chunk.seq_id, p.chunk.start_pos + p.offset, p.n, p.chunk.page_table) for p in batch]
+            ids_t, step = self.backend.prepare(seqs, ids)
             rf.__exit__(None, None, None)
             with record_function("kvserve.forward"):
-                hidden = self.model(ids, meta.positions, self.kv, meta)
+                hidden = self.model(ids_t, step)
             rows: list[int] = []
             owners: list[tuple[int, int]] = []  # (seq_id, n_rows)
             q = 0
@@ -94,7 +120,8 @@ class ModelRunner:
                     owners.append((p.chunk.seq_id, 1))
                 q += p.n
             if rows:
-                logits = self.model.logits(hidden[torch.tensor(rows, device=self.device)])
+                sel = hidden if len(rows) == q else hidden[torch.tensor(rows, device=self.device)]
+                logits = self.model.logits(sel)
                 i = 0
                 for seq_id, n in owners:
                     parts.setdefault(seq_id, []).append(logits[i : i + n])
@@ -105,6 +132,9 @@ class ModelRunner:
     @torch.inference_mode()
     def hidden_states(self, tokens: list[int], page_table: tuple[int, ...]) -> torch.Tensor:
         """Final-normed hidden states [n, n_embd] (float32) of tokens at positions [0, n)."""
-        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        meta = build_meta([(0, len(tokens), list(page_table))], self.page_size, self.device)
-        return self.model(ids, meta.positions, self.kv, meta).float()
+        ids, step = self.backend.prepare([StepSeq(-1, 0, len(tokens), page_table)], list(tokens))
+        return self.model(ids, step).float()
+
+    def _graph_plan(self, plan: Plan) -> bool:
+        """A decode step a graph can replay: single-token chunks wanting their last logits."""
+        return bool(plan.chunks) and all(len(c.tokens) == 1 and c.logits == "last" for c in plan.chunks)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention import AttnMeta
+from ..backends.base import AttentionStep
 from ..config import ModelConfig
-from ..kv_store import PagedKVStore
 from ..layers import GatedMLP, RMSNorm
-from .llama import Attention, LlamaModel, RopeTable
+from .llama import Attention, LlamaModel
 
 
 class Gemma3Block(nn.Module):
@@ -25,8 +24,8 @@ class Gemma3Block(nn.Module):
         self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "gelu_tanh")
         self.post_ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
 
-    def forward(self, x: torch.Tensor, rope: RopeTable, kv: PagedKVStore, meta: AttnMeta) -> torch.Tensor:
-        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), rope, kv, meta))
+    def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
+        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), step))
         return x + self.post_ffn_norm(self.mlp(self.ffn_norm(x)))
 
 

@@ -11,13 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttnMeta, paged_attention
+from ..backends.base import AttentionStep
 from ..config import ModelConfig
-from ..kv_store import PagedKVStore
 from ..layers import GatedMLP, RMSNorm
-from ..rope import apply_rope, rope_cos_sin
-
-RopeTable = dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Attention(nn.Module):
@@ -25,8 +21,6 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.layer = layer
-        self.window = cfg.layer_window(layer)
-        self.rope_key = cfg.layer_rope(layer)
         hd = cfg.head_dim
         self.q = nn.Linear(cfg.n_embd, cfg.n_head * hd, bias=cfg.qkv_bias)
         self.k = nn.Linear(cfg.n_embd, cfg.n_head_kv * hd, bias=cfg.qkv_bias)
@@ -38,7 +32,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_eps)
 
-    def forward(self, x: torch.Tensor, rope: RopeTable, kv: PagedKVStore, meta: AttnMeta) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
         if self.qkv is not None:
@@ -51,11 +45,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = self.q_norm(q)
             k = self.k_norm(k)
-        cos, sin = rope[self.rope_key]
-        q = apply_rope(q, cos, sin, cfg.rope_style)
-        k = apply_rope(k, cos, sin, cfg.rope_style)
-        kv.write(self.layer, meta.write_rows, k, v)
-        o = paged_attention(q, kv.k[self.layer], kv.v[self.layer], meta, self.window, cfg.attn_scale)
+        o = step.attend(self.layer, q, k, v)  # RoPE, KV write, paged attention (layer's window)
         return self.o(o.reshape(t, cfg.n_head * cfg.head_dim))
 
 
@@ -67,8 +57,8 @@ class LlamaBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
         self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "silu")
 
-    def forward(self, x: torch.Tensor, rope: RopeTable, kv: PagedKVStore, meta: AttnMeta) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, kv, meta)
+    def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), step)
         return x + self.mlp(self.ffn_norm(x))
 
 
@@ -84,25 +74,18 @@ class LlamaModel(nn.Module):
         if not cfg.tied_embeddings:
             self.lm_head = nn.Linear(cfg.n_embd, cfg.n_vocab, bias=False)
 
-    def rope_table(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeTable:
-        cfg = self.cfg
-        keys = {cfg.layer_rope(i) for i in range(cfg.n_layer)}
-        return {key: rope_cos_sin(positions, cfg.rope_dim, key[0], key[1], dtype) for key in keys}
-
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
         if self.cfg.embed_scale != 1.0:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=x.dtype)
         return x
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv: PagedKVStore, meta: AttnMeta
-    ) -> torch.Tensor:
-        """Final-normed hidden states [T, n_embd] for tokens at explicit positions."""
+    def forward(self, input_ids: torch.Tensor, step: AttentionStep) -> torch.Tensor:
+        """Final-normed hidden states [T, n_embd] of the step's tokens (positions and KV pages
+        are the step's)."""
         x = self.embed_tokens(input_ids)
-        rope = self.rope_table(positions, torch.float32)
         for block in self.layers:
-            x = block(x, rope, kv, meta)
+            x = block(x, step)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,59 @@
+"""The attention backend interface: what the model needs from the KV pool in one step.
+
+A backend turns the sequences of one micro-batch into an ``AttentionStep`` once per step
+(``prepare``); the model then calls ``step.attend(layer, q, k, v)`` once per layer, which applies
+RoPE to q and k, writes k and v into the paged pool, and returns the attention output.
+
+    q [T, H, D], k/v [T, Hkv, D]   un-rotated projections of the T tokens of the step, in the
+                                   order of ``StepSeq`` (each sequence's tokens contiguous)
+    query at position p sees keys j with j <= p (and p - j < window on sliding-window layers)
+
+Backends that run on CUDA graphs also implement the capture hooks: ``graph_step(bucket)`` gives
+a step whose inputs live in static device buffers, and ``load_graph_inputs(bucket, seqs, ids)``
+fills them for a replay. The torch backend is the reference every other backend is tested against.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepSeq:
+    """``n`` tokens of one sequence at positions [start, start + n); the pages of ``page_table``
+    hold every position before ``start`` and have room for the new ones."""
+
+    seq_id: int
+    start: int
+    n: int
+    page_table: tuple[int, ...]
+
+
+class AttentionStep(ABC):
+    positions: torch.Tensor  # int64 or int32 [T]
+
+    @abstractmethod
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """RoPE on q/k, KV write, attention: returns [T, H, D] in q's dtype."""
+
+
+class AttentionBackend(ABC):
+    name: str = "base"
+    supports_graphs: bool = False
+
+    @abstractmethod
+    def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
+        """Per-step inputs on the device: (token ids [T], the step's attention state)."""
+
+    # -- CUDA graph hooks (backends with supports_graphs) ----------------------------------------
+    def graph_step(self, bucket: int) -> tuple[torch.Tensor, AttentionStep]:
+        """Static (ids, step) for a decode step of ``bucket`` sequences, used at capture."""
+        raise NotImplementedError
+
+    def load_graph_inputs(self, bucket: int, seqs: list[StepSeq], ids: list[int]) -> None:
+        """Fill the static buffers of ``graph_step(bucket)`` for one decode step of ``seqs``
+        (len(seqs) <= bucket; the remaining rows are padding that writes to a scratch page)."""
+        raise NotImplementedError

@@ -1,0 +1,50 @@
+"""The torch backend: per-step metadata from ``attention.build_meta`` and torch SDPA.
+
+The readable reference for every other backend and the CPU path. RoPE angles come from tables
+precomputed per position (``RopeTables``), identical to computing them per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..attention import AttnMeta, build_meta, paged_attention
+from ..config import ModelConfig
+from ..kv_store import PagedKVStore
+from ..rope import RopeTables, apply_rope
+from .base import AttentionBackend, AttentionStep, StepSeq
+
+
+class TorchStep(AttentionStep):
+    def __init__(self, cfg: ModelConfig, kv: PagedKVStore, meta: AttnMeta, rope: dict) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.meta = meta
+        self.positions = meta.positions
+        self.rope = rope
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        cos, sin = self.rope[cfg.layer_rope(layer)]
+        q = apply_rope(q, cos, sin, cfg.rope_style)
+        k = apply_rope(k, cos, sin, cfg.rope_style)
+        self.kv.write(layer, self.meta.write_rows, k, v)
+        return paged_attention(
+            q, self.kv.k[layer], self.kv.v[layer], self.meta, cfg.layer_window(layer), cfg.attn_scale
+        )
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def __init__(self, cfg: ModelConfig, kv: PagedKVStore, rope: RopeTables) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.rope = rope
+        self.device = kv.device
+
+    def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
+        meta = build_meta([(s.start, s.n, list(s.page_table)) for s in seqs], self.kv.page_size, self.device)
+        self.rope.ensure(max(s.start + s.n for s in seqs))
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        return ids_t, TorchStep(self.cfg, self.kv, meta, self.rope.lookup(meta.positions))

@@ -1,0 +1,169 @@
+"""The Triton backend (CUDA): paged decode and extend kernels over a device-resident page table.
+
+Per step, ``prepare`` packs every int32 input into one pinned buffer and sends it with one
+non-blocking copy; nothing in a step waits for the device or has a shape that depends on device
+data. Single-token chunks take the split-K decode kernel; longer chunks take the extend kernel
+(a chunk over its cached prefix and itself). Each layer runs three kernels: RoPE fused with the
+KV write, then decode and/or extend attention.
+
+For CUDA graphs, decode steps of up to ``bucket`` sequences use static buffers
+``[ids | positions | rows | lengths]`` (one section of ``max_bucket`` each, then room for
+page-table updates) filled by one copy per replay; padding rows point at the scratch row.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ModelConfig
+from ..kv_store import PagedKVStore
+from ..rope import RopeTables
+from . import triton_kernels as tk
+from .base import AttentionBackend, AttentionStep, StepSeq
+from .device_state import PageTable, StepBuffer
+
+_UPDATE_ROOM = 4096  # page-table updates that ride in the graph input copy
+
+
+class _Decode:
+    def __init__(self, q_rows: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, ws: tk.DecodeWorkspace) -> None:
+        self.q_rows, self.rows, self.lens, self.ws = q_rows, rows, lens, ws
+
+
+class _Extend:
+    def __init__(self, rows: torch.Tensor, q_start: torch.Tensor, q_len: torch.Tensor, kv_len: torch.Tensor,
+                 max_q: int) -> None:
+        self.rows, self.q_start, self.q_len, self.kv_len, self.max_q = rows, q_start, q_len, kv_len, max_q
+
+
+class TritonStep(AttentionStep):
+    def __init__(self, be: TritonBackend, positions: torch.Tensor, tok_rows: torch.Tensor,
+                 decode: _Decode | None, extend: _Extend | None) -> None:
+        self.be = be
+        self.positions = positions
+        self.tok_rows = tok_rows
+        self.decode = decode
+        self.extend = extend
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        be = self.be
+        cfg = be.cfg
+        key = cfg.layer_rope(layer)
+        kc, vc = be.kv.k[layer], be.kv.v[layer]
+        table = be.pt.table
+        ps = be.kv.page_size
+        q = tk.rope_write(q, k, v, kc, vc, be.rope.cos[key], be.rope.sin[key], self.positions, self.tok_rows,
+                          table, ps, cfg.rope_dim, cfg.rope_style == "neox")
+        out = torch.empty_like(q)
+        window, scale = cfg.layer_window(layer), cfg.attn_scale
+        d = self.decode
+        if d is not None:
+            tk.decode_attention(q, out, d.q_rows, kc, vc, table, d.rows, d.lens, d.ws, ps, scale, window)
+        e = self.extend
+        if e is not None:
+            tk.extend_attention(q, out, kc, vc, table, e.rows, e.q_start, e.q_len, e.kv_len, e.max_q, ps,
+                                scale, window)
+        return out
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+    supports_graphs = True
+
+    def __init__(self, cfg: ModelConfig, kv: PagedKVStore, rope: RopeTables, max_rows: int = 512) -> None:
+        self.cfg = cfg
+        self.kv = kv
+        self.rope = rope  # must cover every position up front: graphs hold its pointers
+        self.device = kv.device
+        self.pt = PageTable(max_rows, kv.n_pages, kv.scratch_page, kv.device)
+        self.buf = StepBuffer(4096, kv.device)
+        props = torch.cuda.get_device_properties(kv.device) if kv.device.type == "cuda" else None
+        self.n_sm = props.multi_processor_count if props is not None else 8
+        self.max_bucket = 0
+        self._graph_dev: torch.Tensor | None = None
+        self._graph_ws: dict[int, tk.DecodeWorkspace] = {}
+        self._graph_host = StepBuffer(0, kv.device)
+
+    def num_splits(self, batch: int, max_len: int) -> int:
+        """Enough (batch, kv head, split) programs to fill the GPU twice, at least 64 keys each."""
+        want = -(-2 * self.n_sm // max(1, batch * self.cfg.n_head_kv))
+        return max(1, min(want, 32, -(-max_len // 64)))
+
+    def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
+        rows, idx, val = self.pt.assign([s.seq_id for s in seqs], [s.page_table for s in seqs])
+        positions: list[int] = []
+        tok_rows: list[int] = []
+        d_q, d_rows, d_lens, e_rows, e_start, e_len, e_kv = [], [], [], [], [], [], []
+        q = 0
+        for s, r in zip(seqs, rows):
+            positions.extend(range(s.start, s.start + s.n))
+            tok_rows.extend([r] * s.n)
+            if s.n == 1:
+                d_q.append(q)
+                d_rows.append(r)
+                d_lens.append(s.start + 1)
+            else:
+                e_rows.append(r)
+                e_start.append(q)
+                e_len.append(s.n)
+                e_kv.append(s.start + s.n)
+            q += s.n
+        parts = [ids, positions, tok_rows, d_q, d_rows, d_lens, e_rows, e_start, e_len, e_kv, idx, val]
+        host, spans = self.buf.pack(parts)
+        dev = self.buf.send(host, spans[-1][0] + spans[-1][1])
+        v = [dev[o : o + n] for o, n in spans]
+        self.pt.apply(v[10], v[11])
+        decode = extend = None
+        if d_q:
+            ws = tk.DecodeWorkspace(len(d_q), self.cfg.n_head, self.cfg.head_dim,
+                                    self.num_splits(len(d_q), max(d_lens)), self.device)
+            decode = _Decode(v[3], v[4], v[5], ws)
+        if e_rows:
+            extend = _Extend(v[6], v[7], v[8], v[9], max(e_len))
+        return v[0], TritonStep(self, v[1], v[2], decode, extend)
+
+    # -- CUDA graphs -------------------------------------------------------------------------------
+    def init_graphs(self, max_bucket: int) -> None:
+        self.max_bucket = (max_bucket + 3) & ~3  # sections of whole 16-byte units
+        self._graph_dev = torch.zeros(4 * self.max_bucket + 2 * _UPDATE_ROOM, dtype=torch.int32, device=self.device)
+        self._graph_q_rows = torch.arange(max_bucket, dtype=torch.int32, device=self.device)
+        self.load_graph_inputs(max_bucket, [], [])
+
+    def _sections(self) -> list[torch.Tensor]:
+        assert self._graph_dev is not None
+        m = self.max_bucket
+        return [self._graph_dev[i * m : (i + 1) * m] for i in range(4)]
+
+    def graph_step(self, bucket: int) -> tuple[torch.Tensor, AttentionStep]:
+        ids, pos, rows, lens = (t[:bucket] for t in self._sections())
+        # Splits for the longest context a sequence can have: the grid is fixed at capture.
+        ns = self.num_splits(bucket, self.kv.n_pages * self.kv.page_size)
+        ws = self._graph_ws.setdefault(
+            bucket, tk.DecodeWorkspace(bucket, self.cfg.n_head, self.cfg.head_dim, ns, self.device))
+        return ids, TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws), None)
+
+    def load_graph_inputs(self, bucket: int, seqs: list[StepSeq], ids: list[int]) -> None:
+        assert self._graph_dev is not None and len(seqs) <= bucket <= self.max_bucket
+        rows, idx, val = self.pt.assign([s.seq_id for s in seqs], [s.page_table for s in seqs])
+        m, n = self.max_bucket, len(seqs)
+        pad = m - n
+        scratch = self.pt.scratch_row
+        inline = len(idx) <= _UPDATE_ROOM
+        parts = [
+            list(ids) + [0] * pad,
+            [s.start for s in seqs] + [0] * pad,
+            rows + [scratch] * pad,
+            [s.start + 1 for s in seqs] + [1] * pad,
+            idx if inline else [],
+            val if inline else [],
+        ]
+        host, spans = self._graph_host.pack(parts)
+        self._graph_host.send(host, spans[-1][0] + spans[-1][1], self._graph_dev)
+        if inline:
+            o_i, n_i = spans[4]
+            o_v, _ = spans[5]
+            self.pt.apply(self._graph_dev[o_i : o_i + n_i], self._graph_dev[o_v : o_v + n_i])
+        else:
+            h2, sp2 = self.buf.pack([idx, val])
+            dev = self.buf.send(h2, sp2[1][0] + sp2[1][1])
+            self.pt.apply(dev[: len(idx)], dev[sp2[1][0] : sp2[1][0] + len(idx)])

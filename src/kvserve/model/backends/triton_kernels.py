@@ -1,0 +1,293 @@
+"""Triton kernels of the CUDA attention backend, and their launchers.
+
+Paged layout (``kv_store``): one layer's cache is [rows, Hkv, D]; the key of position p of a
+sequence lives in row ``table[seq_row, p // PS] * PS + p % PS`` of the int32 page table.
+
+- ``rope_write``: RoPE on q and k (adjacent-pair "norm" or half-split "neox", the first RD
+  dims), k and v written to their cache rows: one program per token.
+- ``decode_attention``: one query per sequence, split-K over the sequence (flash-decoding):
+  program (b, kv head, split) handles the G = H / Hkv query heads of one KV head (GQA packing,
+  K/V read once per group) over an equal share of the visible keys, keeping log-sum-exp
+  partials; a second kernel merges the splits. The split length follows each sequence's length
+  on the device, so the grid depends only on the batch (CUDA-graph friendly).
+- ``extend_attention``: a chunk of q_len queries at positions [kv_len - q_len, kv_len) over its
+  cached prefix and itself (causal offset kv_len - q_len), with sliding windows.
+
+Softmax runs in base 2 (scores scaled by log2(e)); accumulation in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _rope_write_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+    pos_ptr, tok_row_ptr, table_ptr, table_stride,
+    stride_q, stride_k, stride_v,
+    H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, NEOX: tl.constexpr,
+    PS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0)
+    pos = tl.load(pos_ptr + t)
+    row = tl.load(tok_row_ptr + t)
+    page = tl.load(table_ptr + row.to(tl.int64) * table_stride + pos // PS)
+    slot = page.to(tl.int64) * PS + pos % PS
+    d = tl.arange(0, BLOCK_D)
+    RD2: tl.constexpr = RD // 2
+    if NEOX:
+        i = d % RD2
+        partner = tl.where(d < RD2, d + RD2, d - RD2)
+        sign = tl.where(d < RD2, -1.0, 1.0)
+    else:
+        i = d // 2
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    rot = d < RD
+    i = tl.where(rot, i, 0)
+    partner = tl.where(rot, partner, d)
+    sign = tl.where(rot, sign, 0.0)
+    c = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=1.0)[None, :]
+    s = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=0.0)[None, :]
+    h = tl.arange(0, BLOCK_H)[:, None]
+    dd = d[None, :]
+    pp = partner[None, :]
+    sg = sign[None, :]
+    # q: rotated into q_out (same [T, H, D] layout, contiguous)
+    mq = (h < H) & (dd < D)
+    qa = q_ptr + t.to(tl.int64) * stride_q + h * D
+    x = tl.load(qa + dd, mask=mq, other=0.0).to(tl.float32)
+    xp = tl.load(qa + pp, mask=mq, other=0.0).to(tl.float32)
+    y = x * c + sg * xp * s
+    tl.store(q_out_ptr + t.to(tl.int64) * (H * D) + h * D + dd, y.to(q_out_ptr.dtype.element_ty), mask=mq)
+    # k: rotated, rounded to the activations' dtype, then stored in the cache's
+    mk = (h < HKV) & (dd < D)
+    ka = k_ptr + t.to(tl.int64) * stride_k + h * D
+    x = tl.load(ka + dd, mask=mk, other=0.0).to(tl.float32)
+    xp = tl.load(ka + pp, mask=mk, other=0.0).to(tl.float32)
+    y = (x * c + sg * xp * s).to(k_ptr.dtype.element_ty)
+    dst = slot * (HKV * D) + h * D + dd
+    tl.store(k_cache_ptr + dst, y.to(k_cache_ptr.dtype.element_ty), mask=mk)
+    vv = tl.load(v_ptr + t.to(tl.int64) * stride_v + h * D + dd, mask=mk, other=0.0)
+    tl.store(v_cache_ptr + dst, vv.to(v_cache_ptr.dtype.element_ty), mask=mk)
+
+
+def _token_stride(x: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D] with unit dim stride and head stride D (a view of a projection's output)."""
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        x = x.contiguous()
+    return x
+
+
+def rope_write(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, tok_rows: torch.Tensor,
+    table: torch.Tensor, page_size: int, rope_dim: int, neox: bool,
+) -> torch.Tensor:
+    """Returns rotated q [T, H, D]; writes rotated k and v into the caches."""
+    q, k, v = _token_stride(q), _token_stride(k), _token_stride(v)
+    t, h, d = q.shape
+    hkv = k.shape[1]
+    q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    if t == 0:
+        return q_out
+    _rope_write_kernel[(t,)](
+        q, k, v, q_out, k_cache, v_cache, cos, sin, positions, tok_rows, table, table.stride(0),
+        q.stride(0), k.stride(0), v.stride(0),
+        H=h, HKV=hkv, D=d, RD=rope_dim, NEOX=neox, PS=page_size,
+        BLOCK_H=triton.next_power_of_2(max(h, hkv)), BLOCK_D=triton.next_power_of_2(d),
+    )
+    return q_out
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
+    mid_o_ptr, mid_lse_ptr, qk_scale, window, num_splits,
+    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    sp = tl.program_id(2)
+    length = tl.load(seq_lens_ptr + b)
+    row = tl.load(seq_rows_ptr + b).to(tl.int64)
+    lo = tl.maximum(length - window, 0)
+    per = tl.cdiv(tl.cdiv(length - lo, num_splits), BLOCK_N) * BLOCK_N
+    s0 = lo + sp * per
+    s1 = tl.minimum(length, s0 + per)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    qrow = tl.load(q_rows_ptr + b).to(tl.int64)
+    mq = (g[:, None] < G) & (d[None, :] < D)
+    q = tl.load(q_ptr + qrow * (H * D) + (hk * G + g[:, None]) * D + d[None, :], mask=mq, other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    n_off = tl.arange(0, BLOCK_N)
+    for start in range(s0, s1, BLOCK_N):
+        tok = start + n_off
+        valid = tok < s1
+        page = tl.load(table_ptr + row * table_stride + tok // PS, mask=valid, other=0)
+        slot = page.to(tl.int64) * PS + tok % PS
+        kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
+        mkv = valid[:, None] & (d[None, :] < D)
+        k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    hq = hk * G + g
+    base = (b.to(tl.int64) * H + hq) * num_splits + sp
+    tl.store(mid_o_ptr + base[:, None] * D + d[None, :], out, mask=mq)
+    tl.store(mid_lse_ptr + base, lse, mask=g < G)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    mid_o_ptr, mid_lse_ptr, out_ptr, q_rows_ptr, num_splits,
+    H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    sp = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    base = (b.to(tl.int64) * H + h) * num_splits
+    ms = sp < num_splits
+    lse = tl.load(mid_lse_ptr + base + sp, mask=ms, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - m))
+    o = tl.load(mid_o_ptr + (base + sp[:, None]) * D + d[None, :], mask=ms[:, None] & (d[None, :] < D), other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    qrow = tl.load(q_rows_ptr + b).to(tl.int64)
+    tl.store(out_ptr + qrow * (H * D) + h * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+
+
+def _window(window: int) -> int:
+    """0 (no window) becomes a window no sequence reaches, so kernels have one code path."""
+    return window if window > 0 else 1 << 30
+
+
+class DecodeWorkspace:
+    """Split partials for up to ``max_b`` sequences: [max_b, H, num_splits, D] and lse."""
+
+    def __init__(self, max_b: int, n_head: int, head_dim: int, num_splits: int, device: torch.device) -> None:
+        self.num_splits = num_splits
+        self.mid_o = torch.empty((max_b, n_head, num_splits, head_dim), dtype=torch.float32, device=device)
+        self.mid_lse = torch.empty((max_b, n_head, num_splits), dtype=torch.float32, device=device)
+
+
+def decode_attention(
+    q: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace,
+    page_size: int, scale: float, window: int,
+) -> None:
+    """out[q_rows[b]] = attention of q[q_rows[b]] over keys [max(0, L_b - window), L_b) of sequence b."""
+    b = seq_lens.shape[0]
+    if b == 0:
+        return
+    _, h, d = q.shape
+    hkv = k_cache.shape[1]
+    g = h // hkv
+    ns = ws.num_splits
+    _decode_split_kernel[(b, hkv, ns)](
+        q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
+        ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ns,
+        H=h, HKV=hkv, G=g, D=d, PS=page_size,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=triton.next_power_of_2(d), BLOCK_N=64,
+        num_warps=4, num_stages=2,
+    )
+    _decode_merge_kernel[(b, h)](
+        ws.mid_o, ws.mid_lse, out, q_rows, ns,
+        H=h, D=d, BLOCK_S=triton.next_power_of_2(ns), BLOCK_D=triton.next_power_of_2(d),
+    )
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride,
+    seq_rows_ptr, q_start_ptr, q_len_ptr, kv_len_ptr, qk_scale, window,
+    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    s_idx = tl.program_id(0)
+    mb = tl.program_id(1)
+    h = tl.program_id(2)
+    hk = h // G
+    row = tl.load(seq_rows_ptr + s_idx).to(tl.int64)
+    q_start = tl.load(q_start_ptr + s_idx)
+    q_len = tl.load(q_len_ptr + s_idx)
+    kv_len = tl.load(kv_len_ptr + s_idx)
+    pos0 = kv_len - q_len  # causal offset: query m is at position pos0 + m
+    m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mvalid = m < q_len
+    qpos = pos0 + m
+    d = tl.arange(0, BLOCK_D)
+    mq = mvalid[:, None] & (d[None, :] < D)
+    qoff = (q_start + m).to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]
+    q = tl.load(q_ptr + qoff, mask=mq, other=0.0)
+    hi = tl.minimum(kv_len, pos0 + (mb + 1) * BLOCK_M)
+    lo = tl.maximum(pos0 + mb * BLOCK_M - window + 1, 0)
+    hi = tl.where(mb * BLOCK_M < q_len, hi, lo)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n_off = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        tok = start + n_off
+        valid = tok < hi
+        page = tl.load(table_ptr + row * table_stride + tok // PS, mask=valid, other=0)
+        slot = page.to(tl.int64) * PS + tok % PS
+        kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
+        mkv = valid[:, None] & (d[None, :] < D)
+        k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+        vis = valid[None, :] & (tok[None, :] <= qpos[:, None])
+        vis = vis & ((qpos[:, None] - tok[None, :]) < window)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + qoff, out.to(out_ptr.dtype.element_ty), mask=mq)
+
+
+def extend_attention(
+    q: torch.Tensor, out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+    seq_rows: torch.Tensor, q_start: torch.Tensor, q_len: torch.Tensor, kv_len: torch.Tensor, max_q_len: int,
+    page_size: int, scale: float, window: int,
+) -> None:
+    """For each chunk s: out[q_start_s + m] = attention of query m (position kv_len_s - q_len_s + m)
+    over keys [0, its position] (within the window) of sequence s."""
+    n = seq_rows.shape[0]
+    if n == 0:
+        return
+    _, h, d = q.shape
+    hkv = k_cache.shape[1]
+    block_m = 64 if max_q_len > 32 else 16
+    block_d = triton.next_power_of_2(d)
+    block_n = 64 if block_d <= 128 else 32
+    _extend_kernel[(n, triton.cdiv(max_q_len, block_m), h)](
+        q, out, k_cache, v_cache, table, table.stride(0), seq_rows, q_start, q_len, kv_len,
+        scale * LOG2E, _window(window),
+        H=h, HKV=hkv, G=h // hkv, D=d, PS=page_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=4, num_stages=2,
+    )

@@ -1,0 +1,75 @@
+"""CUDA graphs for decode steps: one graph per batch bucket, captured at start-up.
+
+Buckets are 1, 2, 4, 8, 16, then every 8 up to the largest decode batch. A step of n sequences
+replays the smallest bucket >= n; rows n..bucket-1 are padding (scratch row, length 1) whose
+KV writes land on the scratch page and whose logits are dropped. Capture stops, with a log
+line, once ``budget_s`` is spent; batches above the largest captured bucket run eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+
+import torch
+
+from .backends.base import AttentionBackend, StepSeq
+
+log = logging.getLogger(__name__)
+
+
+def decode_buckets(max_batch: int) -> list[int]:
+    out = [b for b in (1, 2, 4, 8, 16) if b <= max_batch]
+    b = 24
+    while b <= max_batch:
+        out.append(b)
+        b += 8
+    if max_batch > (out[-1] if out else 0):
+        out.append(max_batch)
+    return out
+
+
+class GraphRunner:
+    def __init__(self, model: torch.nn.Module, backend: AttentionBackend, max_batch: int,
+                 budget_s: float = 60.0) -> None:
+        self.model = model
+        self.backend = backend
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        buckets = decode_buckets(max_batch)
+        backend.init_graphs(max(buckets))  # type: ignore[attr-defined]
+        pool = torch.cuda.graph_pool_handle()
+        t0 = time.perf_counter()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        skipped: list[int] = []
+        for b in sorted(buckets, reverse=True):  # largest first: later graphs reuse its pool
+            if time.perf_counter() - t0 > budget_s:
+                skipped.append(b)
+                continue
+            ids, step = backend.graph_step(b)
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: compiles kernels, settles the allocator
+                    self.model.logits(self.model(ids, step))
+            torch.cuda.current_stream().wait_stream(stream)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = self.model.logits(self.model(ids, step))
+            self.graphs[b] = (g, out)
+        torch.cuda.synchronize()
+        self.buckets = sorted(self.graphs)
+        msg = f"captured CUDA graphs for decode batches {self.buckets} in {time.perf_counter() - t0:.1f} s"
+        if skipped:
+            msg += f" (capture budget {budget_s:.0f} s spent; batches {sorted(skipped)} run eagerly)"
+        log.info(msg)
+
+    def bucket(self, n: int) -> int | None:
+        i = bisect.bisect_left(self.buckets, n)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def run(self, bucket: int, seqs: list[StepSeq], ids: list[int]) -> torch.Tensor:
+        """Logits [len(seqs), n_vocab] (float32, a fresh tensor) of one decode step."""
+        self.backend.load_graph_inputs(bucket, seqs, ids)
+        g, out = self.graphs[bucket]
+        g.replay()
+        return out[: len(seqs)].clone()

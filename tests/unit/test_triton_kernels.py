@@ -1,0 +1,150 @@
+"""The Triton attention kernels against the torch reference (``attention.paged_attention``,
+``rope.apply_rope``) on random shapes: GQA ratios, lengths across page boundaries, sliding
+windows, partially filled and full pages, pages in shuffled order.
+
+On a machine without CUDA the kernels run under Triton's interpreter (``TRITON_INTERPRET=1`` is
+set before triton is imported); without triton the module is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")
+
+
+def _interpreter_index_fix() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with ``int(array)``, which
+    NumPy >= 2.4 refuses for the 1-element arrays it uses (loop bounds loaded from memory)."""
+    from triton.runtime import interpreter
+
+    orig = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    if not getattr(orig, "_kvserve_fixed", False):
+        patched._kvserve_fixed = True  # type: ignore[attr-defined]
+        interpreter._patch_lang_tensor = patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _interpreter_index_fix()
+
+from kvserve.model import attention as attn  # noqa: E402
+from kvserve.model.backends import triton_kernels as tk  # noqa: E402
+from kvserve.model.rope import RopeTables, apply_rope  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPE = torch.bfloat16 if DEV.type == "cuda" else torch.float32
+TOL = 2e-2 if DTYPE == torch.bfloat16 else 1e-4
+PS = 16
+
+
+def _setup(seed: int, lengths: list[int], hkv: int, g: int, d: int):
+    gen = torch.Generator().manual_seed(seed)
+    n_pages = sum(-(-n // PS) for n in lengths) + 3
+    perm = torch.randperm(n_pages, generator=gen).tolist()
+    tables, i = [], 0
+    for n in lengths:
+        k = -(-n // PS)
+        tables.append(perm[i : i + k])
+        i += k
+    rows = n_pages * PS
+    kc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
+    vc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
+    width = max(len(t) for t in tables) + 1
+    table = torch.zeros(len(lengths), width, dtype=torch.int32)
+    for r, t in enumerate(tables):
+        table[r, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return gen, tables, kc, vc, table.to(DEV)
+
+
+def _i32(x: list[int]) -> torch.Tensor:
+    return torch.tensor(x, dtype=torch.int32, device=DEV)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-6)).item()
+
+
+@pytest.mark.parametrize(
+    "seed,lengths,hkv,g,d,window",
+    [
+        (0, [1, 15, 16, 17], 2, 2, 32, 0),
+        (1, [70, 33, 5], 1, 8, 64, 0),
+        (2, [100, 48], 4, 1, 32, 20),
+        (3, [130, 7, 64], 2, 4, 64, 16),
+    ],
+)
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_matches_reference(seed, lengths, hkv, g, d, window, num_splits):
+    gen, tables, kc, vc, table = _setup(seed, lengths, hkv, g, d)
+    h = hkv * g
+    b = len(lengths)
+    q = torch.randn(b, h, d, generator=gen).to(DEV, DTYPE)
+    meta = attn.build_meta([(n - 1, 1, t) for n, t in zip(lengths, tables)], PS, DEV)
+    ref = attn.paged_attention(q, kc, vc, meta, window, d**-0.5)
+    out = torch.full_like(q, float("nan"))
+    ws = tk.DecodeWorkspace(b, h, d, num_splits, DEV)
+    tk.decode_attention(q, out, _i32(list(range(b))), kc, vc, table, _i32(list(range(b))), _i32(lengths),
+                        ws, PS, d**-0.5, window)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize(
+    "seed,chunks,hkv,g,d,window",
+    [
+        (0, [(0, 20), (16, 17), (5, 1)], 2, 2, 32, 0),  # (cached prefix, chunk length)
+        (1, [(33, 40), (0, 70)], 1, 4, 64, 0),
+        (2, [(40, 30), (0, 50)], 2, 1, 32, 24),
+    ],
+)
+def test_extend_matches_reference(seed, chunks, hkv, g, d, window):
+    lengths = [p + n for p, n in chunks]
+    gen, tables, kc, vc, table = _setup(seed, lengths, hkv, g, d)
+    h = hkv * g
+    t = sum(n for _, n in chunks)
+    q = torch.randn(t, h, d, generator=gen).to(DEV, DTYPE)
+    meta = attn.build_meta([(p, n, tb) for (p, n), tb in zip(chunks, tables)], PS, DEV)
+    ref = attn.paged_attention(q, kc, vc, meta, window, d**-0.5)
+    out = torch.full_like(q, float("nan"))
+    starts = [sum(n for _, n in chunks[:i]) for i in range(len(chunks))]
+    tk.extend_attention(q, out, kc, vc, table, _i32(list(range(len(chunks)))), _i32(starts),
+                        _i32([n for _, n in chunks]), _i32(lengths), max(n for _, n in chunks), PS, d**-0.5, window)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < TOL
+
+
+@pytest.mark.parametrize("neox,rope_dim", [(False, 32), (True, 32), (False, 16), (True, 16)])
+def test_rope_write_matches_reference(neox, rope_dim):
+    d, h, hkv = 32, 4, 2
+    lengths = [5, 20]
+    gen, tables, kc, vc, table = _setup(7, [n + 3 for n in lengths], hkv, h // hkv, d)
+    starts = [3, 3]
+    t = sum(lengths)
+    q = torch.randn(t, h, d, generator=gen).to(DEV, DTYPE)
+    k = torch.randn(t, hkv, d, generator=gen).to(DEV, DTYPE)
+    v = torch.randn(t, hkv, d, generator=gen).to(DEV, DTYPE)
+    pos = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths)]).to(DEV)
+    rows = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)]).to(DEV, torch.int32)
+    rope = RopeTables({(10000.0, 1.0)}, rope_dim, DEV, 64)
+    cos, sin = rope.cos[(10000.0, 1.0)], rope.sin[(10000.0, 1.0)]
+    style = "neox" if neox else "norm"
+    ref_q = apply_rope(q, cos[pos], sin[pos], style)
+    ref_k = apply_rope(k, cos[pos], sin[pos], style)
+    meta = attn.build_meta([(s, n, tb) for s, n, tb in zip(starts, lengths, tables)], PS, DEV)
+    kc2, vc2 = kc.clone(), vc.clone()
+    kc2.index_copy_(0, meta.write_rows, ref_k)
+    vc2.index_copy_(0, meta.write_rows, v)
+    out_q = tk.rope_write(q, k, v, kc, vc, cos, sin, pos.to(torch.int32), rows, table, PS, rope_dim, neox)
+    assert _rel(out_q, ref_q) < 1e-5 if DTYPE == torch.float32 else _rel(out_q, ref_q) < 1e-2
+    assert torch.allclose(kc.float(), kc2.float(), atol=1e-2 if DTYPE != torch.float32 else 1e-5)
+    assert torch.equal(vc, vc2)
