@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 from tests.unit.test_triton_kernels import DEV  # noqa: E402  (also applies the interpreter fix)
 
-from kvserve.engine.plan import KVMove, Plan, SeqChunk  # noqa: E402
+from kvserve.plan import KVMove, Plan, SeqChunk  # noqa: E402
 from kvserve.model.loader import load_gguf  # noqa: E402
 from kvserve.model.backends import StepSeq  # noqa: E402
 from kvserve.model.runner import ModelRunner  # noqa: E402

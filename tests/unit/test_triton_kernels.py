@@ -148,3 +148,19 @@ def test_rope_write_matches_reference(neox, rope_dim):
     assert _rel(out_q, ref_q) < 1e-5 if DTYPE == torch.float32 else _rel(out_q, ref_q) < 1e-2
     assert torch.allclose(kc.float(), kc2.float(), atol=1e-2 if DTYPE != torch.float32 else 1e-5)
     assert torch.equal(vc, vc2)
+
+
+@pytest.mark.parametrize("shape", [(3, 64), (5, 4, 32), (2, 100)])
+def test_rms_norm_kernel_matches_reference(shape):
+    from kvserve.model import norm_kernel
+    from kvserve.model.layers import RMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(*shape, generator=gen).to(DEV, DTYPE)
+    norm = RMSNorm(shape[-1], 1e-6).to(DEV)
+    norm.weight.data = torch.randn(shape[-1], generator=gen).to(DEV)
+    xf = x.float()
+    ref = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.float()).to(x.dtype)
+    got = norm_kernel.rms_norm(x, norm.weight, 1e-6)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    assert _rel(got, ref) < (1e-5 if DTYPE == torch.float32 else 1e-2)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import norm_kernel
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * w, computed in float32. GGUF norm weights are used as stored
@@ -17,6 +19,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if norm_kernel.available(x):
+            return norm_kernel.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, same arithmetic
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
