@@ -5,8 +5,10 @@
 #   3. engine decode at batch 1 and 64 with 2k context for the "1B" and "8B" shapes, prefill 2048,
 #      each against the bandwidth roofline (bench/engine.py --roofline)
 #   4. per-step profiles of the 1B shape: torch backend without graphs (the old path) and default
-#   5. HTTP: 64 concurrent streams (128-token prompts, 256 tokens each) on the 1B shape
-# Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth). Sections can be
+#   5. HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and a
+#      64-request burst over a fresh ~2,000-token shared prefix, run twice (the second is cached)
+# Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
+# vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity engine profile server" (default: all). Output: $OUT/matrix.log.
 set -u
 OUT=${OUT:-/tmp/kvserve-matrix}
@@ -49,10 +51,14 @@ if want profile; then
       --steps 16 --reps 3
 fi
 if want server; then
-  phase "server: 64 streams, 1B"
   P1B=$($PY -c "import sys; sys.path.insert(0,'bench'); from engine import synth_path; print(synth_path('$S1B','F16','$KVSERVE_SYNTH_DIR'))")
-  $PY bench/throughput.py --cmd "$PY -m kvserve -m $P1B -c 32768 -np 64" --concurrency 64 \
-      --workloads distinct --n-predict 256 --prompt-words 110 --rounds 1 --start-timeout 300
+  SRV="$PY -m kvserve -m $P1B -c 262144 -np 64 --metrics"
+  phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
+  timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \
+      --prompt-words 38 --rounds 1 --start-timeout 150
+  phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
+  timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
+      --prefix-words 600 --prompt-words 10 --rounds 2 --start-timeout 150
 fi
 phase "done"
 } 2>&1 | tee "$OUT/matrix.log"

@@ -6,7 +6,8 @@ batch B) it reports, per step:
 - wall: from the call to the end of the GPU work (the step is synchronized before and after);
 - host: time until ``runner.run`` returns (on CUDA, work may still be running after it);
 - GPU span: device time between events recorded before and after the step (idle gaps included);
-- GPU busy: the sum of the step's kernel and copy times (torch.profiler's device time);
+- GPU busy: the sum of the step's kernel and copy times (torch.profiler's device events; kernels
+  replayed from a CUDA graph included);
 - host-bound share: 1 - busy / wall, the part of the step the GPU spends waiting;
 - the top host operations by self CPU time (torch.profiler), and the runner's own phases
   (``kvserve.*`` ranges, inclusive time).
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -33,6 +35,7 @@ class StepProfile:
     gpu_span_ms: float | None
     gpu_busy_ms: float | None
     top_host: list[tuple[str, float, float]] = field(default_factory=list)  # (op, self ms/step, calls/step)
+    top_gpu: list[tuple[str, float, float]] = field(default_factory=list)  # (kernel, ms/step, launches/step)
     phases: list[tuple[str, float]] = field(default_factory=list)  # (range, inclusive ms/step)
 
 
@@ -77,15 +80,20 @@ def profile_step(
             step()
         _sync(device)
     events = prof.key_averages()
-    busy = sum(_device_us(e) for e in events) / 1e3 / n_steps if cuda else None
+    cpu_events = [e for e in events if getattr(e, "device_type", DeviceType.CPU) == DeviceType.CPU]
+    gpu_events = [e for e in events if getattr(e, "device_type", None) == DeviceType.CUDA]
+    # Kernels and copies are the events on the device; CPU ops also report their kernels' time.
+    busy = sum(_device_us(e) for e in gpu_events) / 1e3 / n_steps if cuda else None
+    top_gpu = [(e.key[:90], _device_us(e) / 1e3 / n_steps, e.count / n_steps)
+               for e in sorted(gpu_events, key=_device_us, reverse=True)[:top]]
     ops = sorted(
-        (e for e in events if not e.key.startswith("kvserve.") and e.key != "ProfilerStep*"),
+        (e for e in cpu_events if not e.key.startswith("kvserve.") and e.key != "ProfilerStep*"),
         key=lambda e: e.self_cpu_time_total,
         reverse=True,
     )
     top_host = [(e.key, e.self_cpu_time_total / 1e3 / n_steps, e.count / n_steps) for e in ops[:top]]
     phases = sorted(
-        ((e.key, e.cpu_time_total / 1e3 / n_steps) for e in events if e.key.startswith("kvserve.")),
+        ((e.key, e.cpu_time_total / 1e3 / n_steps) for e in cpu_events if e.key.startswith("kvserve.")),
         key=lambda t: -t[1],
     )
     return StepProfile(
@@ -95,6 +103,7 @@ def profile_step(
         gpu_span_ms=statistics.median(span) * 1e3 if span else None,
         gpu_busy_ms=busy,
         top_host=top_host,
+        top_gpu=top_gpu,
         phases=phases,
     )
 
@@ -110,6 +119,9 @@ def print_profiles(model: str, profiles: list[StepProfile], print_table: Callabl
     for p in profiles:
         print(f"### {model}, {p.label}: top host costs per step (torch.profiler, self CPU time)\n")
         print_table(["op", "self CPU ms/step", "calls/step"], [list(t) for t in p.top_host], digits=3)
+        if p.top_gpu:
+            print(f"### {model}, {p.label}: top GPU kernels per step (device time)\n")
+            print_table(["kernel", "ms/step", "launches/step"], [list(t) for t in p.top_gpu], digits=3)
         if p.phases:
             print(f"### {model}, {p.label}: runner phases per step (inclusive CPU time)\n")
             print_table(["phase", "ms/step"], [list(t) for t in p.phases], digits=3)
