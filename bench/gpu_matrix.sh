@@ -1,31 +1,36 @@
 #!/bin/bash
 # The CUDA measurement matrix in one run (an H200 or any CUDA GPU; run from the repository root):
-#   1. the Triton kernel and backend tests on CUDA
-#   2. CPU fp32 vs CUDA parity (bench/cuda_parity.py) and logit traces on CUDA
-#   3. engine decode at batch 1 and 64 with 2k context for the "1B" and "8B" shapes, prefill 2048,
-#      each against the bandwidth roofline (bench/engine.py --roofline)
-#   4. per-step profiles of the 1B shape: torch backend without graphs (the old path) and default
-#   5. HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and a
-#      64-request burst over a fresh ~2,000-token shared prefix, run twice (the second is cached)
+#   tests    the Triton kernel and backend tests on CUDA
+#   parity   CPU fp32 vs CUDA parity (bench/cuda_parity.py) and logit traces on CUDA
+#   kernels  the decode attention kernel alone at several launch configurations
+#   engine   engine decode at batch 1 and 64 with 2k context for the "1B" and "8B" shapes, prefill
+#            2048, against the bandwidth roofline (bench/engine.py --roofline); the 8B file is
+#            written in the background while the other sections run
+#   eager    per-step profile of the 1B shape on the torch backend without graphs (the old path)
+#   profile  per-step profile of the 1B shape, default backend
+#   server   HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and
+#            a 64-request burst over a fresh ~2,000-token shared prefix, run twice (then cached)
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
-# chosen with MATRIX="tests parity engine profile server" (default: all). Output: $OUT/matrix.log.
+# chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
 set -u
 OUT=${OUT:-/tmp/kvserve-matrix}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export KVSERVE_SYNTH_DIR=${SYNTH:-/tmp/kvserve-synth}
 PY=${PY:-python3}
-MATRIX=${MATRIX:-tests parity engine profile server}
+MATRIX=${MATRIX:-tests parity kernels engine eager profile server}
 S1B="llama:n_layer=16,n_embd=2048,n_head=32,n_head_kv=8,head_dim=64,n_ff=8192,n_vocab=49152,tied=False"
 S8B="llama:n_layer=32,n_embd=4096,n_head=32,n_head_kv=8,head_dim=128,n_ff=14336,n_vocab=49152,tied=False"
 T0=$(date +%s)
+synth() { $PY -c "import sys; sys.path.insert(0,'bench'); from engine import synth_path; print(synth_path('$1','F16','$KVSERVE_SYNTH_DIR'))"; }
 phase() { echo; echo "=== $1 (t+$(( $(date +%s) - T0 ))s)"; }
 want() { [[ " $MATRIX " == *" $1 "* ]]; }
 {
 phase "environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+if want engine; then synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!; fi
 if want tests; then
   phase "kernel and backend tests on CUDA"
   $PY -m pytest -q -p no:cacheprovider tests/unit/test_triton_kernels.py tests/unit/test_attention_backends.py
@@ -34,31 +39,41 @@ if want parity; then
   phase "CPU fp32 vs CUDA bf16 parity"
   $PY bench/cuda_parity.py
   phase "logit traces on CUDA (1B shape)"
-  P1B=$($PY -c "import sys; sys.path.insert(0,'bench'); from engine import synth_path; print(synth_path('$S1B','F16','$KVSERVE_SYNTH_DIR'))")
-  $PY bench/logit_traces.py --model "$P1B" --device cuda --fast
+  $PY bench/logit_traces.py --model "$(synth "$S1B")" --device cuda --fast
+fi
+if want kernels; then
+  phase "decode attention kernel alone"
+  $PY bench/attn_kernels.py
 fi
 if want engine; then
-  phase "engine matrix (1B, 8B)"
-  $PY bench/engine.py --synth "$S1B" --synth "$S8B" --device cuda --dtype bf16 --prefill 2048 \
-      --batches 1,64 --ctx 2048 --steps 32 --roofline
+  phase "engine: 1B"
+  $PY bench/engine.py --synth "$S1B" --device cuda --dtype bf16 --prefill 2048 --batches 1,64 --ctx 2048 \
+      --steps 32 --roofline
 fi
-if want profile; then
+if want eager; then
   phase "profile 1B: torch backend, no graphs (the eager path)"
   KVSERVE_ATTN_BACKEND=torch KVSERVE_CUDA_GRAPHS=0 $PY bench/engine.py --synth "$S1B" --device cuda \
       --profile --prefill 2048 --batches 1,64 --ctx 2048 --steps 16 --reps 3
+fi
+if want profile; then
   phase "profile 1B: default (triton, graphs)"
   $PY bench/engine.py --synth "$S1B" --device cuda --profile --prefill 2048 --batches 1,64 --ctx 2048 \
       --steps 16 --reps 3
 fi
 if want server; then
-  P1B=$($PY -c "import sys; sys.path.insert(0,'bench'); from engine import synth_path; print(synth_path('$S1B','F16','$KVSERVE_SYNTH_DIR'))")
-  SRV="$PY -m kvserve -m $P1B -c 262144 -np 64 --metrics"
+  SRV="$PY -m kvserve -m $(synth "$S1B") -c 262144 -np 64 --metrics"
   phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \
       --prompt-words 38 --rounds 1 --start-timeout 150
   phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
       --prefix-words 600 --prompt-words 10 --rounds 2 --start-timeout 150
+fi
+if want engine; then
+  phase "engine: 8B (waiting for its file)"
+  wait "$SYNTH8B"; cat "$OUT/synth8b.txt"
+  $PY bench/engine.py --synth "$S8B" --device cuda --dtype bf16 --prefill 2048 --batches 1,64 --ctx 2048 \
+      --steps 32 --roofline
 fi
 phase "done"
 } 2>&1 | tee "$OUT/matrix.log"

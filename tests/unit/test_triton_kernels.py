@@ -81,6 +81,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
         (1, [70, 33, 5], 1, 8, 64, 0),
         (2, [100, 48], 4, 1, 32, 20),
         (3, [130, 7, 64], 2, 4, 64, 16),
+        (4, [40, 17], 1, 4, 256, 24),  # Gemma 3's head_dim
     ],
 )
 @pytest.mark.parametrize("num_splits", [1, 3])
@@ -105,6 +106,7 @@ def test_decode_matches_reference(seed, lengths, hkv, g, d, window, num_splits):
         (0, [(0, 20), (16, 17), (5, 1)], 2, 2, 32, 0),  # (cached prefix, chunk length)
         (1, [(33, 40), (0, 70)], 1, 4, 64, 0),
         (2, [(40, 30), (0, 50)], 2, 1, 32, 24),
+        (3, [(20, 40)], 1, 4, 256, 32),  # Gemma 3's head_dim
     ],
 )
 def test_extend_matches_reference(seed, chunks, hkv, g, d, window):

@@ -110,7 +110,7 @@ def _decode_split_kernel(
     q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
     mid_o_ptr, mid_lse_ptr, qk_scale, window, num_splits,
     H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -138,14 +138,14 @@ def _decode_split_kernel(
         kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
         mkv = valid[:, None] & (d[None, :] < D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -176,6 +176,11 @@ def _decode_merge_kernel(
     tl.store(out_ptr + qrow * (H * D) + h * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
+def _precision(q: torch.Tensor) -> str:
+    """float32 models get full-precision dots (Triton's default for float32 is tf32)."""
+    return "ieee" if q.dtype == torch.float32 else "tf32"
+
+
 def _window(window: int) -> int:
     """0 (no window) becomes a window no sequence reaches, so kernels have one code path."""
     return window if window > 0 else 1 << 30
@@ -193,7 +198,7 @@ class DecodeWorkspace:
 def decode_attention(
     q: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace,
-    page_size: int, scale: float, window: int,
+    page_size: int, scale: float, window: int, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
 ) -> None:
     """out[q_rows[b]] = attention of q[q_rows[b]] over keys [max(0, L_b - window), L_b) of sequence b."""
     b = seq_lens.shape[0]
@@ -207,8 +212,8 @@ def decode_attention(
         q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
         ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ns,
         H=h, HKV=hkv, G=g, D=d, PS=page_size,
-        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=triton.next_power_of_2(d), BLOCK_N=64,
-        num_warps=4, num_stages=2,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n,
+        PREC=_precision(q), num_warps=num_warps, num_stages=num_stages,
     )
     _decode_merge_kernel[(b, h)](
         ws.mid_o, ws.mid_lse, out, q_rows, ns,
@@ -221,7 +226,7 @@ def _extend_kernel(
     q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride,
     seq_rows_ptr, q_start_ptr, q_len_ptr, kv_len_ptr, qk_scale, window,
     H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
 ):
     s_idx = tl.program_id(0)
     mb = tl.program_id(1)
@@ -254,7 +259,7 @@ def _extend_kernel(
         kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
         mkv = valid[:, None] & (d[None, :] < D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         vis = valid[None, :] & (tok[None, :] <= qpos[:, None])
         vis = vis & ((qpos[:, None] - tok[None, :]) < window)
         s = tl.where(vis, s, float("-inf"))
@@ -264,7 +269,7 @@ def _extend_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + qoff, out.to(out_ptr.dtype.element_ty), mask=mq)
@@ -289,5 +294,5 @@ def extend_attention(
         q, out, k_cache, v_cache, table, table.stride(0), seq_rows, q_start, q_len, kv_len,
         scale * LOG2E, _window(window),
         H=h, HKV=hkv, G=h // hkv, D=d, PS=page_size, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=4, num_stages=2,
+        PREC=_precision(q), num_warps=8 if block_d >= 256 else 4, num_stages=2,
     )
