@@ -3,8 +3,8 @@ at several launch configurations, on the model shapes of the engine matrix.
 
 For each (shape, batch, context): K and V of every sequence in shuffled 16-token pages, one query
 per sequence; the kernel time (triton.testing.do_bench, median) and the KV bytes it must read give
-GB/s, to compare with the device's copy bandwidth. The backend's default configuration is
-``block_n=64, num_warps=4, num_stages=2`` with its own choice of splits.
+GB/s, to compare with the device's copy bandwidth. The row marked "default" is the
+backend's own choice (splits, block_n; 4 warps, 2 stages).
 
     python bench/attn_kernels.py
 """
@@ -47,7 +47,8 @@ def main() -> int:
             ar = torch.arange(batch, device=dev, dtype=torch.int32)
             lens = torch.full((batch,), ctx, device=dev, dtype=torch.int32)
             kv_bytes = 2 * batch * ctx * hkv * d * 2
-            default_ns = max(1, min(-(-4 * n_sm // (batch * hkv)), 32, -(-ctx // 64)))
+            default_ns = max(1, min(-(-2 * n_sm // (batch * hkv)), 32, -(-ctx // 64)))
+            default_bn = 128 if d <= 64 and batch * hkv >= 128 else 64
             for ns in sorted({default_ns, 1, 4}):
                 ws = tk.DecodeWorkspace(batch, h, d, ns, dev)
                 for bn, nw, st in CONFIGS:
@@ -59,7 +60,7 @@ def main() -> int:
                     except Exception as e:  # a configuration the compiler refuses
                         rows.append([name, batch, ctx, ns, f"{bn}/{nw}/{st}", None, f"failed: {type(e).__name__}", ""])
                         continue
-                    tag = "default" if (ns, bn, nw, st) == (default_ns, 64, 4, 2) else ""
+                    tag = "default" if (ns, bn, nw, st) == (default_ns, default_bn, 4, 2) else ""
                     rows.append([name, batch, ctx, ns, f"{bn}/{nw}/{st}", ms * 1e3, kv_bytes / (ms / 1e3) / 1e9, tag])
             del kc, vc
             torch.cuda.empty_cache()

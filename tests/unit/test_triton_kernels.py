@@ -84,8 +84,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
         (4, [40, 17], 1, 4, 256, 24),  # Gemma 3's head_dim
     ],
 )
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_matches_reference(seed, lengths, hkv, g, d, window, num_splits):
+@pytest.mark.parametrize("num_splits,block_n", [(1, 64), (3, 64), (2, 128)])
+def test_decode_matches_reference(seed, lengths, hkv, g, d, window, num_splits, block_n):
     gen, tables, kc, vc, table = _setup(seed, lengths, hkv, g, d)
     h = hkv * g
     b = len(lengths)
@@ -95,7 +95,7 @@ def test_decode_matches_reference(seed, lengths, hkv, g, d, window, num_splits):
     out = torch.full_like(q, float("nan"))
     ws = tk.DecodeWorkspace(b, h, d, num_splits, DEV)
     tk.decode_attention(q, out, _i32(list(range(b))), kc, vc, table, _i32(list(range(b))), _i32(lengths),
-                        ws, PS, d**-0.5, window)
+                        ws, PS, d**-0.5, window, block_n=block_n)
     assert not out.isnan().any()
     assert _rel(out, ref) < TOL
 

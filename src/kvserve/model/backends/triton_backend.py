@@ -85,8 +85,9 @@ class TritonBackend(AttentionBackend):
         self._graph_host = StepBuffer(0, kv.device)
 
     def num_splits(self, batch: int, max_len: int) -> int:
-        """Enough (batch, kv head, split) programs for four per multiprocessor, at least 64 keys each."""
-        want = -(-4 * self.n_sm // max(1, batch * self.cfg.n_head_kv))
+        """Enough (batch, kv head, split) programs for two per multiprocessor, at least 64 keys each
+        (fewer, longer splits measured faster once the batch fills the GPU: bench/attn_kernels.py)."""
+        want = -(-2 * self.n_sm // max(1, batch * self.cfg.n_head_kv))
         return max(1, min(want, 32, -(-max_len // 64)))
 
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:

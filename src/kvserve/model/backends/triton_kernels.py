@@ -198,14 +198,20 @@ class DecodeWorkspace:
 def decode_attention(
     q: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace,
-    page_size: int, scale: float, window: int, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+    page_size: int, scale: float, window: int, block_n: int | None = None, num_warps: int = 4,
+    num_stages: int = 2,
 ) -> None:
-    """out[q_rows[b]] = attention of q[q_rows[b]] over keys [max(0, L_b - window), L_b) of sequence b."""
+    """out[q_rows[b]] = attention of q[q_rows[b]] over keys [max(0, L_b - window), L_b) of sequence b.
+
+    ``block_n`` (keys per inner step) defaults to 128 for head_dim <= 64 when the batch alone fills
+    the GPU (measured faster on an H200 by bench/attn_kernels.py), else 64."""
     b = seq_lens.shape[0]
     if b == 0:
         return
     _, h, d = q.shape
     hkv = k_cache.shape[1]
+    if block_n is None:
+        block_n = 128 if d <= 64 and b * hkv >= 128 else 64
     g = h // hkv
     ns = ws.num_splits
     _decode_split_kernel[(b, hkv, ns)](
