@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import os
 import statistics
 import sys
@@ -142,7 +143,10 @@ class Bench:
         self.c_pages = pages(args.ctx)
         self.s_pages = pages(args.ctx + args.steps + args.warmup_steps)
         n_pages = self.p_pages + self.c_pages + self.s_pages * max(args.batches or [1])
-        self.runner = ModelRunner(loaded, n_pages, ps, None, args.ubatch, max_batch=max(args.batches or [1]))
+        kw = {"max_batch": max(args.batches or [1])} if "max_batch" in inspect.signature(ModelRunner).parameters else {}
+        self.runner = ModelRunner(loaded, n_pages, ps, None, args.ubatch, **kw)  # (older trees: no max_batch)
+        # --cpu-time: process CPU seconds instead of wall time (steadier on a shared CPU machine)
+        self.clock = time.process_time if args.cpu_time else time.perf_counter
         self.device = loaded.device
         g = torch.Generator().manual_seed(0)
         n_vocab = loaded.cfg.n_vocab
@@ -157,10 +161,10 @@ class Bench:
         sync(self.device)
         times = []
         for _ in range(self.args.reps):
-            t0 = time.perf_counter()
+            t0 = self.clock()
             self._run(plan)
             sync(self.device)
-            times.append(time.perf_counter() - t0)
+            times.append(self.clock() - t0)
         return n / statistics.median(times)
 
     def prefill_plan(self, n: int) -> Plan:
@@ -195,11 +199,11 @@ class Bench:
         for _ in range(self.args.warmup_steps):
             step()
         sync(self.device)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for _ in range(self.args.steps):
             step()
         sync(self.device)
-        return batch * self.args.steps / (time.perf_counter() - t0)
+        return batch * self.args.steps / (self.clock() - t0)
 
 
 def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "auto") -> ModelResult:
@@ -348,6 +352,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense", "both"],
                    help="weight layout: auto (quantized on CPU with f32), quant, dense (every weight "
                         "dequantized to --dtype), both (one row each: the quantized file and its dense twin)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="CPU: rates per process CPU second instead of per wall second (use with --threads 1 "
+                        "on a shared machine; run a baseline tree's src with the same script to compare)")
     p.add_argument("--roofline", action="store_true",
                    help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
     p.add_argument("--profile", action="store_true",
@@ -389,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             "attention backend": os.environ.get("KVSERVE_ATTN_BACKEND") or "default (triton on CUDA, torch on CPU)",
             "CUDA graphs": "off" if os.environ.get("KVSERVE_CUDA_GRAPHS") == "0" else "decode steps (CUDA, triton)",
             "mode": "profile (per-step host vs GPU time)" if args.profile else "throughput",
+            "clock": "process CPU time" if args.cpu_time else "wall time",
             "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",
         },
     )
