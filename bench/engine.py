@@ -227,7 +227,8 @@ def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "
         decode[bs] = b.decode(bs)
         print(f"{name}: decode batch {bs}: {decode[bs]:.1f} tok/s", file=sys.stderr, flush=True)
     cuda_peak = torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
-    backend = b.runner.backend.name + ("+graphs" if b.runner.graphs is not None else "")
+    be = getattr(b.runner, "backend", None)  # (older trees have no backends)
+    backend = (be.name if be else "torch") + ("+graphs" if getattr(b.runner, "graphs", None) is not None else "")
     res = ModelResult(
         name=name,
         arch=loaded.cfg.arch,
