@@ -158,6 +158,8 @@ def load_gguf(
         _mmap_threshold(1 << 20)
     reader = GGUFReader(path, "r")
     meta = read_metadata(reader)
+    reader.fields.clear()  # parsed key/value fields (the vocabulary as numpy arrays): copied into meta
+    _release_free_memory()
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(meta, names)
     known = set(GGMLQuantizationType)
