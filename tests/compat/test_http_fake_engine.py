@@ -196,7 +196,8 @@ class FakeEngine:
         return self.unhealthy
 
     def slots_snapshot(self) -> tuple[SlotView, ...]:
-        return tuple(SlotView(i, self.n_ctx_slot, self.busy, -1, 0, 0, 0, None, IDLE) for i in range(self.n_slots))
+        return tuple(SlotView(i, self.n_ctx_slot, self.busy, -1, 0, 0, 0, None, IDLE)
+                     for i in range(self.n_slots))
 
     def metrics_snapshot(self) -> dict[str, float]:
         return {"prompt_tokens_total": 42, "tokens_predicted_total": 7, "t_start": 1234.5,

@@ -14,7 +14,7 @@ from kvserve.server.app import create_app
 from kvserve.server.settings import ServerSettings
 
 from ..conftest import TEXTS
-from .engine_harness import Collector, assert_idle, make_engine, run, submit
+from .engine_harness import assert_idle, make_engine, run, submit
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,10 @@ def test_engine_that_cannot_continue_says_so_on_health(smollm, tok):
             raise AssertionError("page 3: ref 2 != 1 holders")
 
         eng.cache.check_integrity = corrupt  # type: ignore[method-assign]
-        eng.scheduler.schedule = lambda: (_ for _ in ()).throw(RuntimeError("scheduler bug"))  # type: ignore[method-assign]
+        def broken() -> Any:
+            raise RuntimeError("scheduler bug")
+
+        eng.scheduler.schedule = broken  # type: ignore[method-assign]
         _, a = submit(eng, _ids(tok, "One"), n_predict=3)
         _wait(lambda: a.done)
         assert a.error is not None and a.error.code >= 500

@@ -11,7 +11,9 @@ from .sequence import Sequence
 from .stats import EngineStats, timings
 
 
-def push_token(seq: Sequence, res: Any, now: float, n_predict: int, tokenizer: Any, eog: Any, cfg: Any) -> bool:
+def push_token(
+    seq: Sequence, res: Any, now: float, n_predict: int, tokenizer: Any, eog: Any, cfg: Any
+) -> bool:
     """Append the sampled token ``res.token``, release its text (a ``TokenEvent`` when
     streaming) and apply the stop rules. Returns whether the request is done."""
     tok = int(res.token)
@@ -51,7 +53,9 @@ def grammar_stop(seq: Sequence) -> bool:
     return True
 
 
-def decide_stop(seq: Sequence, is_eog: bool, hit: Any, text: str, now: float, n_predict: int, cfg: Any) -> None:
+def decide_stop(
+    seq: Sequence, is_eog: bool, hit: Any, text: str, now: float, n_predict: int, cfg: Any
+) -> None:
     """Set ``seq.stop_type`` (and ``stopping_word`` / ``truncated``) after its newest token,
     in llama-server's order: EOG, stop word, n_indent, n_predict, full slot context (without
     context shift), t_max_predict_ms at a new line. ``hit``: the text output's stop hit;

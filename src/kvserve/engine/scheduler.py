@@ -387,7 +387,8 @@ class Scheduler:
         if not to_sample:
             return
         try:
-            results = self.sampling.sample(torch.stack([r for _, r in to_sample]), [s.sampler for s, _ in to_sample])
+            rows = torch.stack([r for _, r in to_sample])
+            results = self.sampling.sample(rows, [s.sampler for s, _ in to_sample])
         except Exception as e:  # noqa: BLE001 - fails the sampled requests, not the server
             self.crash([s for s, _ in to_sample], e)
             return

@@ -60,7 +60,9 @@ class EngineStats:
             "tokens_predicted_seconds_total": self.tokens_predicted_seconds_total,
             "n_decode_total": self.n_decode_total,
             "n_tokens_max": self.n_tokens_max,
-            "n_busy_slots_per_decode": self.busy_slots_sum / self.n_decode_total if self.n_decode_total else 0.0,
+            "n_busy_slots_per_decode": (
+                self.busy_slots_sum / self.n_decode_total if self.n_decode_total else 0.0
+            ),
         }
 
     def rates(self) -> tuple[int, float, int, float]:

@@ -49,7 +49,7 @@ KVSERVE_HELP: dict[str, str] = {
     "kv_pages_free": "Free KV pages",
     "kv_pages_in_use": "KV pages held by running sequences",
     "kv_page_tokens": "Tokens per KV page",
-    "kv_preemptions_total": "Sequences whose KV pages were taken back when the pool ran out (recomputed later)",
+    "kv_preemptions_total": "Sequences whose KV pages were taken back when the pool ran out (recomputed)",
 }
 
 _SERIES = re.compile(r"^kvserve:([a-zA-Z_][a-zA-Z0-9_]*)(\{.*\})?$")
