@@ -546,3 +546,11 @@ def test_ui_config_json_and_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="failed to parse UI config"):
         ui_settings(["--ui-config", "{nope"])
     assert "failed to open file" in error_of(["--ui-config-file", str(tmp_path / "missing.json")])
+
+
+def test_compat_md_header_states_the_start_up_policy() -> None:
+    text = (ROOT / "docs" / "compat.md").read_text()
+    header = text.split("## Server flags")[0].replace("\n", " ")
+    assert "Every flag llama-server accepts starts kvserve" in header
+    assert "is accepted but has no effect in kvserve" in header  # the warning line
+    assert "would silently change every answer" in header and "is not supported by kvserve" in header
