@@ -18,10 +18,18 @@ import urllib.request
 from pathlib import Path
 
 CHATS = [
-    [{"role": "system", "content": "You are a helpful assistant"}, {"role": "user", "content": "Hello"},
-     {"role": "assistant", "content": "  Hi there  "}, {"role": "user", "content": "Who are you"}],
-    [{"role": "user", "content": " Hello "}, {"role": "assistant", "content": "Hi"},
-     {"role": "tool", "content": "42"}, {"role": "user", "content": "Again"}],
+    [
+        {"role": "system", "content": "You are a helpful assistant"},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "  Hi there  "},
+        {"role": "user", "content": "Who are you"},
+    ],
+    [
+        {"role": "user", "content": " Hello "},
+        {"role": "assistant", "content": "Hi"},
+        {"role": "tool", "content": "42"},
+        {"role": "user", "content": "Again"},
+    ],
 ]
 
 
@@ -39,8 +47,11 @@ def _post(url: str, body: object) -> dict:
 
 def record(server: str, model: str, args: list[str]) -> list[str] | None:
     port = _port()
-    proc = subprocess.Popen([server, "-m", model, "--port", str(port), "-np", "1", "-c", "256", "--no-jinja", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [server, "-m", model, "--port", str(port), "-np", "1", "-c", "256", "--no-jinja", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             if proc.poll() is not None:
@@ -67,13 +78,23 @@ def main() -> None:
         if not listed.endswith(","):
             break
         listed += " " + line.strip()
-    cases = [{"name": n, "prompts": record(server, model, ["--chat-template", n])}
-             for n in (x.strip() for x in listed.split(","))]
+    cases = [
+        {"name": n, "prompts": record(server, model, ["--chat-template", n])}
+        for n in (x.strip() for x in listed.split(","))
+    ]
     for path in sorted((Path(src) / "models" / "templates").glob("*.jinja")):
-        cases.append({"file": path.name, "template": path.read_text(),
-                      "prompts": record(server, model, ["--chat-template-file", str(path)])})
-    doc = {"recorded_with": "llama-server --no-jinja (see scripts/record_chat_formats.py)", "chats": CHATS,
-           "cases": cases}
+        cases.append(
+            {
+                "file": path.name,
+                "template": path.read_text(),
+                "prompts": record(server, model, ["--chat-template-file", str(path)]),
+            }
+        )
+    doc = {
+        "recorded_with": "llama-server --no-jinja (see scripts/record_chat_formats.py)",
+        "chats": CHATS,
+        "cases": cases,
+    }
     out.write_text(json.dumps(doc, ensure_ascii=False, indent=1) + "\n")
     print(f"{len(cases)} cases -> {out}")
 

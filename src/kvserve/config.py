@@ -332,7 +332,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         note(f"warn: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({n_ubatch}); "
              f"setting n_batch = n_ubatch = {n_ubatch}")
         n_batch = n_ubatch
-    kv_k, kv_v = (t if t in KV_CACHE_TYPES_SUPPORTED else "f16" for t in (v["cache_type_k"], v["cache_type_v"]))
+    kv_k, kv_v = (t if t in KV_CACHE_TYPES_SUPPORTED else "f16"  # quantized types warn (status.py)
+                  for t in (v["cache_type_k"], v["cache_type_v"]))
     cors_origins = v["cors_origins"]
     if (v["tools"] or v["agent"] or v["mcp_servers_config"] or v["mcp_servers_json"]) and not parsed.explicit(
             "cors_origins"):

@@ -20,7 +20,8 @@ def test_tools_and_cors_proxy_endpoints() -> None:
     for path in ("/tools", "/cors-proxy"):  # not enabled: llama-server's 403
         r = c.get(path)
         assert r.status_code == 403 and r.json() == {
-            "error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+            "error": {"message": "this feature is disabled", "type": "feature_disabled"}
+        }
     c, _ = _http("--tools", "all", "--ui-mcp-proxy")
     for path, flag in (("/tools", "--tools"), ("/cors-proxy", "--ui-mcp-proxy")):
         r = c.post(path, json={})
@@ -42,8 +43,9 @@ def test_tools_flag_makes_cors_default_localhost() -> None:
 
 
 def test_settings_carry_the_start_up_flags() -> None:
-    cfg = load_config(["--no-prefill-assistant", "--reuse-port", "-ctk", "q8_0", "-ctv", "q8_0"], {},
-                      warn=lambda m: None)
+    cfg = load_config(
+        ["--no-prefill-assistant", "--reuse-port", "-ctk", "q8_0", "-ctv", "q8_0"], {}, warn=lambda m: None
+    )
     s = ServerSettings.from_config(cfg)
     assert s.prefill_assistant is False and s.reuse_port is True
     assert cfg.engine.cache_type_k == cfg.engine.cache_type_v == "f16"  # quantized types warn and use f16
@@ -57,11 +59,16 @@ def test_no_jinja_prefill_matches_llama_server(smollm_meta: dict[str, Any]) -> N
     eng = FakeEngine()
     eng.chat_template = ChatTemplate.from_metadata(smollm_meta, jinja=False)  # type: ignore[assignment]
     c, _ = client(eng, jinja=False)
-    msgs = [{"role": "system", "content": "Sys"}, {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Wh"}]
+    msgs = [
+        {"role": "system", "content": "Sys"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Wh"},
+    ]
     r = c.post("/apply-template", json={"messages": msgs})
-    assert r.json()["prompt"] == ("<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                                  "<|im_start|>assistant\nWh<|im_end|>\n")
+    assert r.json()["prompt"] == (
+        "<|im_start|>system\nSys<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\nWh<|im_end|>\n"
+    )
     r = c.post("/apply-template", json={"messages": msgs[:2]})
     assert r.json()["prompt"].endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
@@ -73,7 +80,9 @@ def test_header_names_are_capitalized_like_llama_server() -> None:
     for method, path in (("GET", "/metrics"), ("OPTIONS", "/completions"), ("GET", "/health")):
         r = c.request(method, path, headers={"Origin": "web.mydomain.fr"})
         names = [k for k, _ in r.headers.raw]
-        assert b"Server" in names and b"Access-Control-Allow-Origin" in names and b"Content-Type" in names, names
+        assert b"Server" in names and b"Access-Control-Allow-Origin" in names and b"Content-Type" in names, (
+            names
+        )
         assert all(n == b"-".join(p[:1].upper() + p[1:] for p in n.split(b"-")) for n in names), names
     r = c.get("/metrics")
     assert b"Process-Start-Time-Unix" in [k for k, _ in r.headers.raw]

@@ -89,6 +89,8 @@ def test_resolve_override_rules() -> None:
 def test_template_without_jinja_renders_the_format(smollm_meta: dict[str, Any]) -> None:
     tmpl = ChatTemplate.from_metadata(smollm_meta, "command-r", jinja=False)
     typed = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert tmpl.render(typed) == ("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>a\nb<|END_OF_TURN_TOKEN|>"
-                                  "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    assert tmpl.render(typed) == (
+        "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>a\nb<|END_OF_TURN_TOKEN|>"
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"
+    )
     assert tmpl.source == "command-r"

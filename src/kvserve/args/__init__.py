@@ -67,7 +67,15 @@ from .spec import (
     stoi,
     stoul32,
 )
-from .status import FEATURES, KV_CACHE_TYPES_SUPPORTED, REFUSED, REFUSED_VALUES, WARNED, WARNED_VALUES, ValueRule
+from .status import (
+    FEATURES,
+    KV_CACHE_TYPES_SUPPORTED,
+    REFUSED,
+    REFUSED_VALUES,
+    WARNED,
+    WARNED_VALUES,
+    ValueRule,
+)
 from .table import FL, FLAGS, B, F, I, S, V, find_flag, flags_for_dest
 
 __all__ = [

@@ -93,12 +93,14 @@ def action_text(action: str) -> str:
         return "\n".join(lines)
     if action == "completion-bash":
         names = " ".join(n for s in FLAGS for n in s.all_names)
-        return (f"_kvserve_completions() {{\n    COMPREPLY=( $(compgen -W \"{names}\" -- \"${{COMP_WORDS[COMP_CWORD]}}\") )\n"
-                "}\ncomplete -F _kvserve_completions kvserve llama-server\n")
+        reply = f'COMPREPLY=( $(compgen -W "{names}" -- "${{COMP_WORDS[COMP_CWORD]}}") )'
+        return (f"_kvserve_completions() {{\n    {reply}\n}}\n"
+                "complete -F _kvserve_completions kvserve llama-server\n")
     raise ValueError(action)
 
 
-_SECTIONS = (("server", "server"), ("sampling", "sampling"), ("other llama.cpp", "other"), ("kvserve-only", "kvserve"))
+_SECTIONS = (("server", "server"), ("sampling", "sampling"), ("other llama.cpp", "other"),
+             ("kvserve-only", "kvserve"))
 
 
 def format_usage() -> str:
@@ -189,7 +191,8 @@ def render_compat() -> str:
     refused = sorted({long_name(s) for s in FLAGS if s.status == REFUSED_STATUS})
     out.append(f"\n## Refused flags ({len(refused)})\n\n" + ", ".join(f"`{n}`" for n in refused) + "\n")
     warned = sorted({long_name(s) for s in FLAGS if s.status == WARNED_STATUS})
-    out.append(f"\n## Flags accepted with a warning ({len(warned)})\n\n" + ", ".join(f"`{n}`" for n in warned) + "\n")
+    out.append(f"\n## Flags accepted with a warning ({len(warned)})\n\n"
+               + ", ".join(f"`{n}`" for n in warned) + "\n")
     from kvserve.server.unsupported import REFUSED_FIELDS  # the HTTP layer owns the field rules
 
     out.append(

@@ -36,7 +36,8 @@ _LORA_APPLIED = ("LoRA adapters are not supported (llama-server would apply them
 _ROPE = "RoPE/YaRN overrides are not supported; kvserve uses the model's own RoPE settings"
 _CONTROL = "control vectors are not supported"
 _SPECULATIVE = "speculative decoding is not supported (answers are the same without it)"
-_PLACEMENT = "llama.cpp backend placement/tuning; kvserve runs on torch (threads with -t, device with --device)"
+_PLACEMENT = ("llama.cpp backend placement/tuning; kvserve runs on torch "
+              "(threads with -t, device with --device)")
 
 # Refused: accepted only at the default, because any other value would silently change every
 # answer (another model, another RoPE, an adapter or a grammar applied by llama-server).
@@ -52,8 +53,9 @@ REFUSED: dict[str, str] = {
     "lora": _LORA_APPLIED,
     "lora_scaled": _LORA_APPLIED,
     "adaptive_target": "the adaptive-p sampler is not implemented",
-    **{dest: _ROPE for dest in ("rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale", "yarn_orig_ctx",
-                                "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_slow", "yarn_beta_fast")},
+    **{dest: _ROPE for dest in ("rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale",
+                                "yarn_orig_ctx", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_slow",
+                                "yarn_beta_fast")},
     "override_kv": "overriding model metadata is not supported",
     "control_vector": _CONTROL,
     "control_vector_scaled": _CONTROL,
@@ -62,9 +64,10 @@ REFUSED: dict[str, str] = {
 }
 
 # Refused flags that only warn when another flag is set: dest -> (that flag's dest, warning).
+_LORA_UNAPPLIED = "LoRA adapters are not supported (requests that set a scale get a 400)"
 REFUSED_UNLESS: dict[str, tuple[str, str]] = {
-    "lora": ("lora_init_without_apply", "LoRA adapters are not supported (requests that set a scale get a 400)"),
-    "lora_scaled": ("lora_init_without_apply", "LoRA adapters are not supported (requests that set a scale get a 400)"),
+    "lora": ("lora_init_without_apply", _LORA_UNAPPLIED),
+    "lora_scaled": ("lora_init_without_apply", _LORA_UNAPPLIED),
 }
 
 # Accepted with one warning line at start-up: the flag only enables or tunes something kvserve
@@ -103,22 +106,23 @@ WARNED: dict[str, str] = {
     "threads_batch": "one torch thread pool serves prompt and generation; use -t",
     "threads_http": "HTTP is served by one asyncio event loop, not a thread pool",
     **{dest: _SPECULATIVE for dest in (
-        "model_draft", "hf_repo_draft", "spec_type", "spec_draft_n_max", "spec_draft_n_min", "spec_draft_type_k",
-        "spec_draft_type_v", "spec_draft_threads", "spec_draft_threads_batch", "spec_draft_cpu_mask",
-        "spec_draft_cpu_range", "spec_draft_cpu_strict", "spec_draft_prio", "spec_draft_poll",
-        "spec_draft_cpu_mask_batch", "spec_draft_cpu_strict_batch", "spec_draft_prio_batch", "spec_draft_poll_batch",
-        "spec_draft_override_tensor", "spec_draft_cpu_moe", "spec_draft_n_cpu_moe", "spec_synth_len",
-        "spec_synth_rates", "spec_draft_p_split", "spec_draft_p_min", "spec_draft_backend_sampling",
-        "spec_draft_device", "spec_draft_ngl", "spec_ngram_mod_n_min", "spec_ngram_mod_n_max",
-        "spec_ngram_mod_n_match", "spec_ngram_simple_size_n", "spec_ngram_simple_size_m", "spec_ngram_simple_min_hits",
-        "spec_ngram_map_k_size_n", "spec_ngram_map_k_size_m", "spec_ngram_map_k_min_hits", "spec_ngram_map_k4v_size_n",
-        "spec_ngram_map_k4v_size_m", "spec_ngram_map_k4v_min_hits", "lookup_cache_static", "lookup_cache_dynamic",
-        "spec_default")},
+        "model_draft", "hf_repo_draft", "spec_type", "spec_draft_n_max", "spec_draft_n_min",
+        "spec_draft_type_k", "spec_draft_type_v", "spec_draft_threads", "spec_draft_threads_batch",
+        "spec_draft_cpu_mask", "spec_draft_cpu_range", "spec_draft_cpu_strict", "spec_draft_prio",
+        "spec_draft_poll", "spec_draft_cpu_mask_batch", "spec_draft_cpu_strict_batch",
+        "spec_draft_prio_batch", "spec_draft_poll_batch", "spec_draft_override_tensor",
+        "spec_draft_cpu_moe", "spec_draft_n_cpu_moe", "spec_synth_len", "spec_synth_rates",
+        "spec_draft_p_split", "spec_draft_p_min", "spec_draft_backend_sampling", "spec_draft_device",
+        "spec_draft_ngl", "spec_ngram_mod_n_min", "spec_ngram_mod_n_max", "spec_ngram_mod_n_match",
+        "spec_ngram_simple_size_n", "spec_ngram_simple_size_m", "spec_ngram_simple_min_hits",
+        "spec_ngram_map_k_size_n", "spec_ngram_map_k_size_m", "spec_ngram_map_k_min_hits",
+        "spec_ngram_map_k4v_size_n", "spec_ngram_map_k4v_size_m", "spec_ngram_map_k4v_min_hits",
+        "lookup_cache_static", "lookup_cache_dynamic", "spec_default")},
     **{dest: _PLACEMENT for dest in (
-        "cpu_mask", "cpu_range", "cpu_strict", "prio", "poll", "cpu_mask_batch", "cpu_range_batch", "cpu_strict_batch",
-        "prio_batch", "poll_batch", "numa", "perf", "kv_offload", "repack", "no_host", "defrag_thold", "rpc",
-        "load_mode", "lazy_mode", "override_tensor", "cpu_moe", "n_cpu_moe", "n_cpu_ffn", "split_mode",
-        "tensor_split", "main_gpu", "check_tensors", "op_offload")},
+        "cpu_mask", "cpu_range", "cpu_strict", "prio", "poll", "cpu_mask_batch", "cpu_range_batch",
+        "cpu_strict_batch", "prio_batch", "poll_batch", "numa", "perf", "kv_offload", "repack", "no_host",
+        "defrag_thold", "rpc", "load_mode", "lazy_mode", "override_tensor", "cpu_moe", "n_cpu_moe",
+        "n_cpu_ffn", "split_mode", "tensor_split", "main_gpu", "check_tensors", "op_offload")},
     **{dest: _MULTIMODAL for dest in (
         "mmproj_offload", "mmproj_device", "image_min_tokens", "image_max_tokens", "mtmd_batch_max_tokens",
         "video_fps", "video_timestamp_interval", "video_ffmpeg_dir")},

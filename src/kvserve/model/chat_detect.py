@@ -49,8 +49,12 @@ _RULES_AFTER_VICUNA: tuple[tuple[tuple[str, ...], str], ...] = (
     (("<｜Assistant｜>", "<｜User｜>", "<｜end▁of▁sentence｜>"), "deepseek3"),
 )
 _RULES_TAIL: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]",),
-     "gigachat"),
+    (
+        (
+            "message['role'] + additional_special_tokens[0] + message['content'] + additional_special_tokens[1]",
+        ),
+        "gigachat",
+    ),
     (("<|role_start|>",), "megrez"),
     ((" Ассистент:",), "yandex"),
     (("<role>ASSISTANT</role>", "'HUMAN'"), "bailing"),

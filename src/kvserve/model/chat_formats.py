@@ -21,7 +21,9 @@ def trim(text: str) -> str:
     return text.strip(_WS)
 
 
-def _each(head: Callable[[str], str], tail: str, gen: str, body: Callable[[str, str], str] | None = None) -> Format:
+def _each(
+    head: Callable[[str], str], tail: str, gen: str, body: Callable[[str, str], str] | None = None
+) -> Format:
     """``head(role) + content + tail`` per message (``body`` rewrites the content), ``gen`` to prompt."""
 
     def fmt(chat: Sequence[Msg], add_ass: bool) -> str:
@@ -32,7 +34,8 @@ def _each(head: Callable[[str], str], tail: str, gen: str, body: Callable[[str, 
 
 
 def _by_role(parts: dict[str, tuple[str, str]], gen: str, strip: Sequence[str] = ()) -> Format:
-    """Roles in ``parts`` get ``prefix + content + suffix`` (trimmed for roles in ``strip``); others are dropped."""
+    """Roles in ``parts`` get ``prefix + content + suffix`` (trimmed for roles in ``strip``);
+    other roles are dropped."""
 
     def fmt(chat: Sequence[Msg], add_ass: bool) -> str:
         out = []
@@ -144,8 +147,9 @@ def _openchat(chat: Sequence[Msg], add_ass: bool) -> str:
 
 def _vicuna(orca: bool) -> Format:
     system = ("SYSTEM: ", "\n") if orca else ("", "\n\n")
-    return _by_role({"system": system, "user": ("USER: ", "\n"), "assistant": ("ASSISTANT: ", "</s>\n")},
-                    "ASSISTANT:")
+    return _by_role(
+        {"system": system, "user": ("USER: ", "\n"), "assistant": ("ASSISTANT: ", "</s>\n")}, "ASSISTANT:"
+    )
 
 
 def _chatglm3(chat: Sequence[Msg], add_ass: bool) -> str:
@@ -173,23 +177,38 @@ def _rwkv_world(chat: Sequence[Msg], add_ass: bool) -> str:
 
 
 def _granite3(chat: Sequence[Msg], add_ass: bool) -> str:
-    out = [f"<|start_of_role|>{r}<|end_of_role|>" + ("<|tool_call|>" if r == "assistant_tool_call" else "")
-           + c + "<|end_of_text|>\n" for r, c in chat]
+    out = [
+        f"<|start_of_role|>{r}<|end_of_role|>"
+        + ("<|tool_call|>" if r == "assistant_tool_call" else "")
+        + c
+        + "<|end_of_text|>\n"
+        for r, c in chat
+    ]
     return "".join(out) + ("<|start_of_role|>assistant<|end_of_role|>" if add_ass else "")
 
 
 def _granite4(chat: Sequence[Msg], add_ass: bool) -> str:
-    out = [("<|start_of_role|>assistant<|end_of_role|><|tool_call|>" if r == "assistant_tool_call"
-            else f"<|start_of_role|>{r}<|end_of_role|>") + c + "<|end_of_text|>\n" for r, c in chat]
+    out = [
+        (
+            "<|start_of_role|>assistant<|end_of_role|><|tool_call|>"
+            if r == "assistant_tool_call"
+            else f"<|start_of_role|>{r}<|end_of_role|>"
+        )
+        + c
+        + "<|end_of_text|>\n"
+        for r, c in chat
+    ]
     return "".join(out) + ("<|start_of_role|>assistant<|end_of_role|>" if add_ass else "")
 
 
 def _gigachat(chat: Sequence[Msg], add_ass: bool) -> str:
     has_system = bool(chat) and chat[0][0] == "system"
     out = [f"<s>{chat[0][1]}<|message_sep|>" if has_system else "<s>"]
-    for role, content in chat[1 if has_system else 0:]:
+    for role, content in chat[1 if has_system else 0 :]:
         if role == "user":
-            out.append(f"user<|role_sep|>{content}<|message_sep|>available functions<|role_sep|>[]<|message_sep|>")
+            out.append(
+                f"user<|role_sep|>{content}<|message_sep|>available functions<|role_sep|>[]<|message_sep|>"
+            )
         elif role == "assistant":
             out.append(f"assistant<|role_sep|>{content}<|message_sep|>")
     return "".join(out) + ("assistant<|role_sep|>" if add_ass else "")
@@ -274,8 +293,12 @@ def _dots1(chat: Sequence[Msg], add_ass: bool) -> str:
     return "".join(out) + ("<|response|>" if add_ass else "")
 
 
-_KIMI = {"system": "<|im_system|>system<|im_middle|>", "user": "<|im_user|>user<|im_middle|>",
-         "assistant": "<|im_assistant|>assistant<|im_middle|>", "tool": "<|im_system|>tool<|im_middle|>"}
+_KIMI = {
+    "system": "<|im_system|>system<|im_middle|>",
+    "user": "<|im_user|>user<|im_middle|>",
+    "assistant": "<|im_assistant|>assistant<|im_middle|>",
+    "tool": "<|im_system|>tool<|im_middle|>",
+}
 _PANGU = {"system": "系统", "user": "用户", "assistant": "助手", "tool": "工具", "function": "方法"}
 
 
@@ -301,8 +324,11 @@ def _trimmed(role: str, content: str) -> str:
     return trim(content)
 
 
-_EXAONE3 = {"system": ("[|system|]", "[|endofturn|]\n"), "user": ("[|user|]", "\n"),
-            "assistant": ("[|assistant|]", "[|endofturn|]\n")}
+_EXAONE3 = {
+    "system": ("[|system|]", "[|endofturn|]\n"),
+    "user": ("[|user|]", "\n"),
+    "assistant": ("[|assistant|]", "[|endofturn|]\n"),
+}
 
 # Every name llama.cpp knows (``LLM_CHAT_TEMPLATES``), plus ``dots1``, which it only detects.
 FORMATS: dict[str, Format] = {
@@ -326,54 +352,96 @@ FORMATS: dict[str, Format] = {
     "openchat": _openchat,
     "vicuna": _vicuna(orca=False),
     "vicuna-orca": _vicuna(orca=True),
-    "deepseek": _by_role({"system": ("", ""), "user": ("### Instruction:\n", "\n"),
-                          "assistant": ("### Response:\n", "\n<|EOT|>\n")}, "### Response:\n"),
-    "deepseek2": _by_role({"system": ("", "\n\n"), "user": ("User: ", "\n\n"), "assistant": ("Assistant: ", EOS_DS)},
-                          "Assistant:"),
-    "deepseek3": _by_role({"system": ("", "\n\n"), "user": ("<｜User｜>", ""), "assistant": ("<｜Assistant｜>", EOS_DS)},
-                          "<｜Assistant｜>"),
+    "deepseek": _by_role(
+        {
+            "system": ("", ""),
+            "user": ("### Instruction:\n", "\n"),
+            "assistant": ("### Response:\n", "\n<|EOT|>\n"),
+        },
+        "### Response:\n",
+    ),
+    "deepseek2": _by_role(
+        {"system": ("", "\n\n"), "user": ("User: ", "\n\n"), "assistant": ("Assistant: ", EOS_DS)},
+        "Assistant:",
+    ),
+    "deepseek3": _by_role(
+        {"system": ("", "\n\n"), "user": ("<｜User｜>", ""), "assistant": ("<｜Assistant｜>", EOS_DS)},
+        "<｜Assistant｜>",
+    ),
     "deepseek-ocr": lambda chat, add_ass: "".join(c for _, c in chat),
-    "command-r": _by_role({r: (f"<|START_OF_TURN_TOKEN|><|{t}_TOKEN|>", "<|END_OF_TURN_TOKEN|>") for r, t in
-                           (("system", "SYSTEM"), ("user", "USER"), ("assistant", "CHATBOT"))},
-                          "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", strip="*"),
-    "llama3": _each(_role_tag("<|start_header_id|>", "<|end_header_id|>\n\n"), "<|eot_id|>",
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n", _trimmed),
+    "command-r": _by_role(
+        {
+            r: (f"<|START_OF_TURN_TOKEN|><|{t}_TOKEN|>", "<|END_OF_TURN_TOKEN|>")
+            for r, t in (("system", "SYSTEM"), ("user", "USER"), ("assistant", "CHATBOT"))
+        },
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        strip="*",
+    ),
+    "llama3": _each(
+        _role_tag("<|start_header_id|>", "<|end_header_id|>\n\n"),
+        "<|eot_id|>",
+        "<|start_header_id|>assistant<|end_header_id|>\n\n",
+        _trimmed,
+    ),
     "chatglm3": _chatglm3,
     "chatglm4": _chatglm4,
     "glmedge": _each(_role_tag("<|", "|>\n"), "", "<|assistant|>"),
     "minicpm": _minicpm,
     "exaone3": _by_role(_EXAONE3, "[|assistant|]", strip="*"),
     "exaone4": _by_role({**_EXAONE3, "tool": ("[|tool|]", "[|endofturn|]\n")}, "[|assistant|]", strip="*"),
-    "exaone-moe": _by_role({r: (f"<|{r}|>\n", "<|endofturn|>\n") for r in ("system", "user", "assistant", "tool")},
-                           "<|assistant|>\n", strip="*"),
+    "exaone-moe": _by_role(
+        {r: (f"<|{r}|>\n", "<|endofturn|>\n") for r in ("system", "user", "assistant", "tool")},
+        "<|assistant|>\n",
+        strip="*",
+    ),
     "rwkv-world": _rwkv_world,
     "granite": _granite3,
     "granite-4.0": _granite4,
     "granite-4.1": _granite4,
     "gigachat": _gigachat,
-    "megrez": _each(_role_tag("<|role_start|>", "<|role_end|>"), "<|turn_end|>", "<|role_start|>assistant<|role_end|>"),
-    "yandex": _by_role({"user": (" Пользователь: ", "\n\n"), "assistant": (" Ассистент: ", "\n\n")},
-                       " Ассистент:[SEP]"),
+    "megrez": _each(
+        _role_tag("<|role_start|>", "<|role_end|>"), "<|turn_end|>", "<|role_start|>assistant<|role_end|>"
+    ),
+    "yandex": _by_role(
+        {"user": (" Пользователь: ", "\n\n"), "assistant": (" Ассистент: ", "\n\n")}, " Ассистент:[SEP]"
+    ),
     "bailing": _bailing(think=False),
     "bailing-think": _bailing(think=True),
     "bailing2": _bailing2,
-    "llama4": _each(_role_tag("<|header_start|>", "<|header_end|>\n\n"), "<|eot|>",
-                    "<|header_start|>assistant<|header_end|>\n\n", _trimmed),
+    "llama4": _each(
+        _role_tag("<|header_start|>", "<|header_end|>\n\n"),
+        "<|eot|>",
+        "<|header_start|>assistant<|header_end|>\n\n",
+        _trimmed,
+    ),
     "smolvlm": _smolvlm,
     "hunyuan-moe": _hunyuan_moe,
-    "gpt-oss": lambda chat, add_ass: "".join(
-        f"<|start|>{r}<|message|>{c}" + ("<|return|>" if r == "assistant" else "<|end|>") for r, c in chat
-    ) + ("<|start|>assistant" if add_ass else ""),
+    "gpt-oss": lambda chat, add_ass: (
+        "".join(
+            f"<|start|>{r}<|message|>{c}" + ("<|return|>" if r == "assistant" else "<|end|>") for r, c in chat
+        )
+        + ("<|start|>assistant" if add_ass else "")
+    ),
     "hunyuan-dense": _hunyuan_dense,
     "hunyuan-vl": _hunyuan_vl,
-    "kimi-k2": lambda chat, add_ass: "".join(_KIMI.get(r, "") + c + "<|im_end|>" for r, c in chat)
-    + (_KIMI["assistant"] if add_ass else ""),
+    "kimi-k2": lambda chat, add_ass: (
+        "".join(_KIMI.get(r, "") + c + "<|im_end|>" for r, c in chat)
+        + (_KIMI["assistant"] if add_ass else "")
+    ),
     "seed_oss": _each(_role_tag("<seed:bos>", "\n"), "<seed:eos>", "<seed:bos>assistant\n", _seed_body),
-    "grok-2": lambda chat, add_ass: "".join(
-        f"System: {trim(c)}<|separator|>\n\n" if r == "system" else
-        f"Human: {trim(c)}<|separator|>\n\n" if r == "user" else
-        f"Assistant: {c}<|separator|>\n\n" if r == "assistant" else "" for r, c in chat
-    ) + ("Assistant:" if add_ass else ""),
+    "grok-2": lambda chat, add_ass: (
+        "".join(
+            f"System: {trim(c)}<|separator|>\n\n"
+            if r == "system"
+            else f"Human: {trim(c)}<|separator|>\n\n"
+            if r == "user"
+            else f"Assistant: {c}<|separator|>\n\n"
+            if r == "assistant"
+            else ""
+            for r, c in chat
+        )
+        + ("Assistant:" if add_ass else "")
+    ),
     "pangu-embedded": _pangu,
     "solar-open": _each(_role_tag("<|begin|>", "<|content|>"), "<|end|>", "<|begin|>assistant"),
     "dots1": _dots1,

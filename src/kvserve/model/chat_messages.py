@@ -231,7 +231,8 @@ def arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
             try:
                 args = json.loads(args)
             except ValueError as e:
-                raise MessageFormatError(f"Failed to parse tool call arguments as JSON: {e}", status=500) from None
+                raise MessageFormatError(f"Failed to parse tool call arguments as JSON: {e}",
+                                         status=500) from None
         out_calls.append({**call, "function": {**call["function"], "arguments": args}})
     return {**message, "tool_calls": out_calls}
 

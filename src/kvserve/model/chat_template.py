@@ -64,7 +64,8 @@ _ENV = make_env()
 
 
 _NOT_SUPPORTED = "the supplied chat template is not supported"
-_LEGACY_NOTE = "note: kvserve was started without --jinja, only llama.cpp's built-in chat formats are supported"
+_LEGACY_NOTE = ("note: kvserve was started without --jinja, only llama.cpp's built-in chat formats "
+                "are supported")
 
 
 def resolve_override(override: str, jinja: bool) -> tuple[str, str | None]:

@@ -74,8 +74,8 @@ def make_router(prefix: str) -> APIRouter:
                 why = request.app.state.settings.unsupported_features.get(feature)
                 if why is not None:
                     raise unsupported_feature(path, why)
-                return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
-                                    403)
+                body = {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
+                return JSONResponse(body, 403)
             return agent_endpoint
 
         r.add_api_route(path, bind(), methods=["GET", "POST"], include_in_schema=False)
