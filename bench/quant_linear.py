@@ -28,7 +28,8 @@ from kvserve.model.quant import int4  # noqa: E402
 from kvserve.model.quant.groups import Groups  # noqa: E402
 from kvserve.model.quant.linear import QuantLinear  # noqa: E402
 
-SHAPES = {"qwen gate_up": (9728, 896), "qwen down": (896, 4864), "qwen qkv": (1152, 896), "smol gate_up": (3072, 576)}
+SHAPES = {"qwen gate_up": (9728, 896), "qwen down": (896, 4864), "qwen qkv": (1152, 896),
+          "smol gate_up": (3072, 576)}
 
 
 def cpu_ms(f, min_s: float = 0.3) -> float:

@@ -28,7 +28,16 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import httpx  # noqa: E402
-from common import MIB, MemorySampler, ServerProcess, make_text, median, print_conditions, print_table, ratio  # noqa: E402
+from common import (  # noqa: E402
+    MIB,
+    MemorySampler,
+    ServerProcess,
+    make_text,
+    median,
+    print_conditions,
+    print_table,
+    ratio,
+)
 
 SHORT_PROMPT = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle on a stormy night. "
@@ -93,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", action="append", default=None, help="GGUF file (repeatable)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--n-predict", type=int, default=128)
-    p.add_argument("--prompt-words", type=int, default=640, help="words of the fresh prompt (~900 tokens)")
+    p.add_argument("--prompt-words", type=int, default=640, help="words of the fresh prompt (~700 tokens)")
     p.add_argument("--kvserve-args", default="", help="extra kvserve flags")
     p.add_argument("--llama-args", default="", help="extra llama-server flags")
     args = p.parse_args(argv)
@@ -108,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     print_conditions("kvserve vs llama-server, single stream on the CPU", {
         "kvserve": kv_cmd + " -m MODEL",
         "llama-server": ll_cmd + " -m MODEL",
-        "decode": f"~40-token prompt, streamed {args.n_predict}-token greedy reply (ignore_eos), client clock "
+        "decode": f"~40-token prompt, streamed {args.n_predict}-token greedy reply (ignore_eos), "
+                  "client clock "
                   "first→last token",
-        "prompt": f"fresh {args.prompt_words}-word prompt (~900 tokens), n_predict 1, server prompt_n / client time",
+        "prompt": f"fresh {args.prompt_words}-word prompt, n_predict 1, server prompt_n / client time",
         "runs": f"median of {args.runs} (after one warm-up reply)",
         "peak RSS": "process tree, sampled at 10 Hz over the server's life",
     })

@@ -59,7 +59,8 @@ def test_half_precision_runs_close_to_fp32(dtype, tmp_path):
     assert (out - ref).abs().max().item() / ref.abs().max().item() < 0.1
 
 
-@pytest.mark.parametrize("arch,qtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0"), ("qwen3", "Q4_1"),
+@pytest.mark.parametrize("arch,qtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0"),
+                                        ("qwen3", "Q4_1"),
                                         ("llama", "Q4_K_M")])
 def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
     """Default (repacked, fused) weights against every tensor dequantized to f32, on prefill
@@ -80,7 +81,8 @@ def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
     ids = tuple(range(5, 45))
     outs = [r.run(Plan((SeqChunk(0, ids, 0, (0, 1, 2, 3), "all"),))).logits[0] for r in runners]
     for pos in range(40, 44):  # decode steps on both
-        steps = [r.run(Plan((SeqChunk(0, (7 + pos,), pos, (0, 1, 2, 3), "last"),))).logits[0] for r in runners]
+        plan = Plan((SeqChunk(0, (7 + pos,), pos, (0, 1, 2, 3), "last"),))
+        steps = [r.run(plan).logits[0] for r in runners]
         outs = [torch.cat([o, s]) for o, s in zip(outs, steps)]
     q, d = outs
     assert (q - d).abs().max().item() <= 0.05 * d.abs().max().item()

@@ -48,7 +48,9 @@ def path_of(t: RawTensor, device: torch.device | None = None) -> str:
     return "int4" if t.qtype in GROUPED else "dense"
 
 
-def linear(weights: list[RawTensor], biases: list[torch.Tensor | None], device: torch.device | None = None) -> nn.Module:
+def linear(
+    weights: list[RawTensor], biases: list[torch.Tensor | None], device: torch.device | None = None
+) -> nn.Module:
     """One module computing the outputs of ``weights`` side by side (all on the same path)."""
     bias = None
     if any(b is not None for b in biases):
@@ -105,7 +107,9 @@ class WeightSummary:
         return "weights: " + ", ".join(parts) + f"; total {self.total_bytes / 2**20:.1f} MiB"
 
 
-def fuse_groups(linears: dict[str, RawTensor], device: torch.device | None = None) -> list[tuple[str, list[str]]]:
+def fuse_groups(
+    linears: dict[str, RawTensor], device: torch.device | None = None
+) -> list[tuple[str, list[str]]]:
     """[(module path, [weight module paths])]: fused where every member exists and shares a path."""
     done: set[str] = set()
     out: list[tuple[str, list[str]]] = []
@@ -114,7 +118,8 @@ def fuse_groups(linears: dict[str, RawTensor], device: torch.device | None = Non
         kind = parent.rpartition(".")[2]
         if kind in FUSED and leaf in FUSED[kind][0] and mod not in done:
             members = [f"{parent}.{c}" for c in FUSED[kind][0]]
-            if all(m in linears for m in members) and len({path_of(linears[m], device) for m in members}) == 1:
+            paths = {path_of(linears[m], device) for m in members if m in linears}
+            if all(m in linears for m in members) and len(paths) == 1:
                 out.append((f"{parent}.{FUSED[kind][1]}", members))
                 done.update(members)
                 continue

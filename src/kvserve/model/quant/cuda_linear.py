@@ -41,7 +41,8 @@ class Q4Linear(nn.Module):
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
 
     def weight_bytes(self) -> int:
-        return sum(t.nbytes for t in (self.q, self.s, self.o)) + (0 if self.bias is None else self.bias.nbytes)
+        bias = 0 if self.bias is None else self.bias.nbytes
+        return sum(t.nbytes for t in (self.q, self.s, self.o)) + bias
 
     def dequantized(self) -> torch.Tensor:
         return triton_q4.reference(self.q, self.s, self.o)

@@ -18,7 +18,8 @@ class QuantEmbedding(nn.Module):
 
     def __init__(self, raw: np.ndarray, qtype: Q, n_vocab: int, n_embd: int) -> None:
         super().__init__()
-        rows = np.ascontiguousarray(raw).view(np.uint8).reshape(n_vocab, -1).copy()  # own copy: the file is unmapped
+        # own copy: the file is unmapped after load
+        rows = np.ascontiguousarray(raw).view(np.uint8).reshape(n_vocab, -1).copy()
         self.register_buffer("raw", torch.from_numpy(rows), persistent=False)
         self.qtype = qtype
         self.n_embd = n_embd

@@ -154,4 +154,5 @@ def _decode(raw: np.ndarray, qtype: Q, k: int) -> tuple[np.ndarray, np.ndarray, 
             codes, offset = (b[:, 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8), -128.0 * d
         scale = d
     g = k // GROUP
-    return codes.reshape(n, k), np.asarray(scale, np.float32).reshape(n, g), np.asarray(offset, np.float32).reshape(n, g)
+    scale = np.asarray(scale, np.float32).reshape(n, g)
+    return codes.reshape(n, k), scale, np.asarray(offset, np.float32).reshape(n, g)

@@ -97,7 +97,8 @@ def pack(rows: Iterable[Plane]) -> tuple[torch.Tensor, torch.Tensor, int]:
             codes = np.concatenate([codes, np.full((pad, codes.shape[1]), 8, np.uint8)])
             s = np.concatenate([s, np.zeros((pad, s.shape[1]))])
             z = np.concatenate([z, np.zeros((pad, z.shape[1]))])
-        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes).to(torch.int32), 1))
+        c32 = torch.from_numpy(codes).to(torch.int32)
+        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(c32, 1))
         sz.append(torch.from_numpy(np.stack([s.T, z.T], axis=-1)).to(torch.bfloat16))  # one rounding
         buf, n_buf = rest, sum(p.codes.shape[0] for p in rest)
 

@@ -53,7 +53,8 @@ def _gemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, y_ptr, N, K, G, stride_xm, stride_y
     for i in range(0, K_PER_SPLIT // BLOCK_K):
         cols = (k_start + i * BLOCK_K) // 2 + half  # byte columns
         kmask = cols < K // 2
-        b = tl.load(q_ptr + rn[:, None] * (K // 2) + cols[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
+        bmask = nmask[:, None] & kmask[None, :]
+        b = tl.load(q_ptr + rn[:, None] * (K // 2) + cols[None, :], mask=bmask, other=0)
         lo = (b & 0x0F).to(tl.float32)
         hi = (b >> 4).to(tl.float32)
         xe = tl.load(x_ptr + m * stride_xm + 2 * cols, mask=kmask, other=0.0).to(tl.float32)
