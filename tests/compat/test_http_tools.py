@@ -193,13 +193,32 @@ def test_generic_format_for_templates_without_tools() -> None:
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, 400, "unknown function"),
     ({"tools": [WEATHER], "grammar": "root ::= \"x\""}, 400, "Cannot use custom grammar constraints with tools."),
     ({"tools": [WEATHER], "logprobs": True, "stream": True}, 400, "logprobs is not supported with tools + stream"),
-    ({"tools": [{"type": "function"}]}, 500, "Missing tool function"),
-    ({"tools": "x"}, 500, "Expected 'tools' to be an array"),
+    ({"tools": [{"type": "function"}]}, 400, "Missing tool function"),
+    ({"tools": "x"}, 400, "Expected 'tools' to be an array"),
 ])
 def test_tool_request_errors(body: dict[str, Any], status: int, message: str) -> None:
     c, eng = make(HERMES_TEMPLATE, CALL)
     r = chat(c, **body)
     assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+    assert eng.submitted == []
+
+
+ALTERNATING_TEMPLATE = ("{% for m in messages %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+                        "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+                        "{{ m.role }}: {{ m.content }}\n{% endfor %}")
+
+
+@pytest.mark.parametrize("template,messages,message", [
+    (PLAIN_TEMPLATE, [{"content": "x"}], "Missing 'role' in message"),
+    (ALTERNATING_TEMPLATE, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+     "Conversation roles must alternate"),
+])
+def test_malformed_messages_are_client_errors(template: str, messages: Any, message: str) -> None:
+    """llama-server answers 500 for these; they are the client's mistake, so kvserve answers 400."""
+    c, eng = make(template, "x")
+    r = chat(c, messages=messages)
+    assert r.status_code == 400, r.text
     assert message in r.json()["error"]["message"]
     assert eng.submitted == []
 

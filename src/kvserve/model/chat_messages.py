@@ -2,8 +2,9 @@
 
 * ``request_messages``: ``oaicompat_chat_params_parse``'s checks on a chat body (400s; media parts
   kvserve cannot take are refused naming the part), typed text parts joined by newlines.
-* ``validate_messages``: those checks plus ``common_chat_msgs_parse_oaicompat`` (its errors are
-  500s): the messages as templates see them. ``validate_tools``: ``common_chat_tools_parse_oaicompat``.
+* ``validate_messages``: those checks plus ``common_chat_msgs_parse_oaicompat``: the messages as
+  templates see them. llama-server answers 500 for the errors raised while parsing; they are the
+  client's mistakes, so kvserve answers 400 for all of them. ``validate_tools``: ``common_chat_tools_parse_oaicompat``.
 """
 
 from __future__ import annotations
@@ -16,12 +17,10 @@ MEDIA_PARTS = ("image_url", "input_audio", "input_video", "audio_url", "video_ur
 
 
 class MessageFormatError(ValueError):
-    """A malformed ``messages``/``tools`` list. ``status`` is the HTTP status llama-server uses:
-    400 for its request checks, 500 for errors raised while parsing the messages afterwards."""
+    """A malformed ``messages``/``tools`` list: a client error, answered 400."""
 
-    def __init__(self, message: str, status: int = 400, unsupported: str | None = None) -> None:
+    def __init__(self, message: str, unsupported: str | None = None) -> None:
         super().__init__(message)
-        self.status = status
         self.unsupported = unsupported  # a request part kvserve cannot take (answered 400 naming it)
 
 
@@ -102,15 +101,14 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
                 media = "image" if ptype == "image_url" else "audio"
                 raise MessageFormatError(
                     f"{media} input is not supported - hint: if this is unexpected, "
-                    "you may need to provide the mmproj",
-                    status=500,
+                    "you may need to provide the mmproj"
                 )
             if ptype != "text":
                 raise MessageFormatError("unsupported content[].type")
     try:
         return [_parse_message(m) for m in messages]
     except ValueError as e:
-        raise MessageFormatError(f"Failed to parse messages: {e}", status=500) from None
+        raise MessageFormatError(f"Failed to parse messages: {e}") from None
 
 
 def _parse_message(message: Any) -> dict[str, Any]:
@@ -215,7 +213,7 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
             })
         return out
     except ValueError as e:
-        raise MessageFormatError(f"Failed to parse tools: {e}", status=500) from None
+        raise MessageFormatError(f"Failed to parse tools: {e}") from None
 
 
 
@@ -231,8 +229,7 @@ def arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
             try:
                 args = json.loads(args)
             except ValueError as e:
-                raise MessageFormatError(f"Failed to parse tool call arguments as JSON: {e}",
-                                         status=500) from None
+                raise MessageFormatError(f"Failed to parse tool call arguments as JSON: {e}") from None
         out_calls.append({**call, "function": {**call["function"], "arguments": args}})
     return {**message, "tool_calls": out_calls}
 

@@ -27,7 +27,7 @@ from kvserve.model.chat_messages import (
     validate_messages,
     validate_tools,
 )
-from kvserve.model.jinja_env import make_env
+from kvserve.model.jinja_env import TemplateRaised, make_env
 from kvserve.model.tokenizer import Tokenizer, VocabInfo
 
 __all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "MessageFormatError", "resolve_override",
@@ -53,7 +53,8 @@ _EXAMPLE_MESSAGES: list[dict[str, Any]] = [
 
 
 class ChatTemplateError(RuntimeError):
-    """Rendering failed (a template error or ``raise_exception``); llama-server answers 500."""
+    """Rendering failed inside the template itself (a template bug): a 500. A template's own
+    ``raise_exception`` is a ``MessageFormatError`` instead (llama-server answers 500 for both)."""
 
 
 _ENV = make_env()
@@ -235,6 +236,8 @@ class ChatTemplate:
         )
         try:
             out = self._template.render(**context)
+        except TemplateRaised as e:  # the template refuses these messages: the client's mistake
+            raise MessageFormatError(str(e)) from None
         except jinja2.exceptions.TemplateError as e:
             raise ChatTemplateError(str(e)) from None
         except Exception as e:  # template code can raise anything (TypeError on str + list, ...)

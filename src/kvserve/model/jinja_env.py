@@ -16,8 +16,12 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 
+class TemplateRaised(jinja2.exceptions.TemplateError):
+    """The template called ``raise_exception``: it refuses the messages it was given."""
+
+
 def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
+    raise TemplateRaised(message)
 
 
 def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,

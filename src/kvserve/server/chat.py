@@ -85,9 +85,7 @@ def _render(tmpl: ChatTemplateLike, messages: list[dict[str, Any]], add_generati
             tools: list[dict[str, Any]] | None, kwargs: dict[str, Any]) -> str:
     try:
         return tmpl.render(messages, add_generation_prompt=add_generation_prompt, tools=tools or None, **kwargs)
-    except ValueError as e:  # MessageFormatError carries llama-server's status (400, or 500)
-        if getattr(e, "status", 400) >= 500:
-            raise server_error(str(e))
+    except ValueError as e:  # malformed messages, or the template refusing them: the client's mistake
         raise invalid(str(e))
     except ApiError:
         raise

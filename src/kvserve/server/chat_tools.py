@@ -21,7 +21,7 @@ from kvserve.server.chat_parsing import ChatSyntax, detect_tool_format
 from kvserve.server.chat_parsing.generic import GenericFormat
 from kvserve.server.chat_parsing.reasoning import detect_think_tags, starts_in_reasoning
 from kvserve.server.chat_parsing.syntax import ToolFormat
-from kvserve.server.errors import invalid, server_error
+from kvserve.server.errors import invalid
 
 _CAPS: dict[str, dict[str, bool]] = {}
 _THINKING: dict[str, bool] = {}
@@ -99,15 +99,15 @@ def read_tool_request(body: dict[str, Any], tmpl: Any, jinja: bool) -> ToolReque
     choice, function = _choice(raw_choice)
     if tools is not None and not isinstance(tools, list):
         try:
-            validate_tools(tools)  # raises llama-server's 500 for a non-array
+            validate_tools(tools)  # a non-array: llama-server answers 500; a client error here
         except MessageFormatError as e:
-            raise server_error(str(e)) from None
+            raise invalid(str(e)) from None
     if not has_tools:
         return ToolRequest(choice=choice, function=function)
     try:
         checked = validate_tools(tools)
     except MessageFormatError as e:
-        raise server_error(str(e)) from None
+        raise invalid(str(e)) from None
     names = frozenset(t["function"]["name"] for t in checked)
     if choice == "function" and function not in names:
         raise invalid(f"tool_choice names an unknown function: {function}")
