@@ -153,9 +153,19 @@ def test_engine_that_cannot_continue_says_so_on_health(smollm, tok):
         eng.stop()
 
 
-def test_preempted_outputs_equal_unpreempted_greedy_outputs(smollm, tok):
+@pytest.fixture(scope="module")
+def smollm_dense(smollm_path):
+    from kvserve.model.loader import load_gguf
+
+    return load_gguf(smollm_path, weights="dense")
+
+
+def test_preempted_outputs_equal_unpreempted_greedy_outputs(smollm_dense, tok):
     """A pool of 12 pages (192 tokens) for three requests that need ~100 tokens each: the
-    scheduler preempts and recomputes, and every output equals the one of a roomy pool."""
+    scheduler preempts and recomputes, and every output equals the one of a roomy pool.
+    On the dequantized fp32 reference weights: the int4 CPU matmul rounds differently for a
+    recomputed prefill than for one-token decode steps, which can flip a near-tie."""
+    smollm = smollm_dense
     prompts = [_ids(tok, t[:160]) for t in TEXTS]
     n_predict = 48
 
