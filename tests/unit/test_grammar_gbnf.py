@@ -7,17 +7,6 @@ import pytest
 
 from kvserve.grammar import GrammarCompiler, GrammarError, GrammarSpec
 from kvserve.grammar.gbnf import GrammarSyntaxError, gbnf_to_lark
-from kvserve.model.tokenizer import Tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok(smollm_meta):
-    return Tokenizer.from_metadata(smollm_meta)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):
-    return GrammarCompiler(tok)
 
 
 def accepts(compiler: GrammarCompiler, grammar: str, text: str | list[int], *, byte_wise: bool = False) -> bool:

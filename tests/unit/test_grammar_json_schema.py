@@ -12,11 +12,6 @@ from kvserve.grammar.json_schema import llama_shaped
 from kvserve.model.tokenizer import Tokenizer
 
 
-@pytest.fixture(scope="module")
-def compiler(smollm_meta):
-    return GrammarCompiler(Tokenizer.from_metadata(smollm_meta))
-
-
 def accepts(compiler: GrammarCompiler, schema: object, text: str) -> bool:
     st = compiler.compile(GrammarSpec("json_schema", json.dumps(schema))).new_state()
     for t in compiler.text_to_tokens(text.encode()):

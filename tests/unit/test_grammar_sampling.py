@@ -10,22 +10,11 @@ import torch
 
 from kvserve.engine.sampler import SequenceSampler, sample_batch
 from kvserve.engine.sampling_params import SamplingParams
-from kvserve.grammar import GrammarCompiler, GrammarSpec, Trigger
-from kvserve.model.tokenizer import Tokenizer
+from kvserve.grammar import GrammarSpec, Trigger
 
 GREEDY = SamplingParams(temperature=0.0)
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}},
           "required": ["ok", "n"]}
-
-
-@pytest.fixture(scope="module")
-def tok(smollm_meta):
-    return Tokenizer.from_metadata(smollm_meta)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):
-    return GrammarCompiler(tok)
 
 
 def _sampler(compiler, tok, params, spec=None):

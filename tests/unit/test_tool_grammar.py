@@ -12,8 +12,6 @@ import torch
 
 from kvserve.engine.sampler import SequenceSampler, sample_batch
 from kvserve.engine.sampling_params import SamplingParams
-from kvserve.grammar import GrammarCompiler
-from kvserve.model.tokenizer import Tokenizer
 from kvserve.server.chat_parsing import ChatSyntax, parse_final
 from kvserve.server.chat_parsing.generic import GenericFormat
 from kvserve.server.chat_parsing.hermes import HermesFormat
@@ -29,16 +27,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 PY = {"type": "function", "function": {"name": "python", "parameters": {
     "type": "object", "properties": {"code": {"type": "string", "maxLength": 24}}, "required": ["code"]}}}
 NAMES = frozenset({"get_weather", "python"})
-
-
-@pytest.fixture(scope="module")
-def tok(smollm_meta):
-    return Tokenizer.from_metadata(smollm_meta)
-
-
-@pytest.fixture(scope="module")
-def compiler(tok):
-    return GrammarCompiler(tok)
 
 
 def _generate(compiler, tok, spec, seed: int, steps: int = 400) -> str:
