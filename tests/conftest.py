@@ -86,6 +86,22 @@ def gemma(gemma_path: str):
     return load_gguf(gemma_path)
 
 
+# The dequantized fp32 reference weights (``--dtype f32``): what is compared with HF transformers
+# in fp32, and where outputs must not depend on how a sequence was chunked.
+@pytest.fixture(scope="session")
+def smollm_dense(smollm_path: str):
+    from kvserve.model.loader import load_gguf
+
+    return load_gguf(smollm_path, weights="dense")
+
+
+@pytest.fixture(scope="session")
+def gemma_dense(gemma_path: str):
+    from kvserve.model.loader import load_gguf
+
+    return load_gguf(gemma_path, weights="dense")
+
+
 def _cached_tokenizer_meta(cache: pytest.Cache, path: str) -> dict[str, Any]:
     """The ``tokenizer.*``/``general.*`` metadata of a GGUF, kept in the pytest cache (reading the
     Gemma vocabulary takes ~10 s)."""

@@ -153,13 +153,6 @@ def test_engine_that_cannot_continue_says_so_on_health(smollm, tok):
         eng.stop()
 
 
-@pytest.fixture(scope="module")
-def smollm_dense(smollm_path):
-    from kvserve.model.loader import load_gguf
-
-    return load_gguf(smollm_path, weights="dense")
-
-
 def test_preempted_outputs_equal_unpreempted_greedy_outputs(smollm_dense, tok):
     """A pool of 12 pages (192 tokens) for three requests that need ~100 tokens each: the
     scheduler preempts and recomputes, and every output equals the one of a roomy pool.

@@ -1,4 +1,6 @@
-"""The engine's numbers against an independent reference: HF transformers on the same GGUF, fp32."""
+"""The engine's numbers against an independent reference: HF transformers on the same GGUF, fp32,
+against kvserve's dequantized fp32 reference weights (``--dtype f32``; the quantized default is
+compared with these in bench/logit_traces.py and with llama-server's goldens in the live tests)."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ def _check_parity(ours: torch.Tensor, ref: torch.Tensor) -> None:
 @pytest.mark.parametrize("which", ["smollm", "gemma"])
 def test_teacher_forced_logits_match_transformers(which, request):
     path = request.getfixturevalue(f"{which}_path")
-    loaded = request.getfixturevalue(which)
+    loaded = request.getfixturevalue(f"{which}_dense")
     hf = _hf(path)
     runner = ModelRunner(loaded, n_pages=64)
     for ids in _prompts(path):
@@ -64,10 +66,10 @@ def test_teacher_forced_logits_match_transformers(which, request):
         _check_parity(_all_logits(runner, ids), ref)
 
 
-def test_greedy_generation_matches_transformers(smollm_path, smollm):
+def test_greedy_generation_matches_transformers(smollm_path, smollm_dense):
     hf = _hf(smollm_path)
     tok = Tokenizer.from_metadata(read_metadata_file(smollm_path))
-    runner = ModelRunner(smollm, n_pages=64)
+    runner = ModelRunner(smollm_dense, n_pages=64)
     prompts = [
         "The capital of France is",
         "def add(a, b):",
