@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,15 +189,20 @@ def _excused(parsed: ParsedArgs, spec: FlagSpec) -> str | None:
     return rule[1]
 
 
-def unsupported_warnings(parsed: ParsedArgs) -> list[str]:
-    """One line per flag that is accepted but whose feature kvserve lacks."""
-    out: list[str] = []
+def _valued_flags(parsed: ParsedArgs) -> Iterator[tuple[FlagSpec, Any]]:
+    """Each value-carrying destination once (its first spec in the table), with its parsed value."""
     done: set[str] = set()
     for spec in FLAGS:
         if spec.action is not None or spec.dest in done:
             continue
         done.add(spec.dest)
-        value = parsed.values[spec.dest]
+        yield spec, parsed.values[spec.dest]
+
+
+def unsupported_warnings(parsed: ParsedArgs) -> list[str]:
+    """One line per flag that is accepted but whose feature kvserve lacks."""
+    out: list[str] = []
+    for spec, value in _valued_flags(parsed):
         reason = spec.warning(value)
         if reason is None and spec.refusal(value) is not None:
             reason = _excused(parsed, spec)
@@ -210,12 +215,7 @@ def unsupported_warnings(parsed: ParsedArgs) -> list[str]:
 def check_refusals(parsed: ParsedArgs) -> None:
     """Raise one ``ConfigError`` listing every value kvserve cannot honour."""
     errors: list[str] = []
-    done: set[str] = set()
-    for spec in FLAGS:
-        if spec.action is not None or spec.dest in done:
-            continue
-        done.add(spec.dest)
-        value = parsed.values[spec.dest]
+    for spec, value in _valued_flags(parsed):
         reason = spec.refusal(value)
         if reason is None or _excused(parsed, spec) is not None:
             continue
