@@ -43,7 +43,9 @@ def test_quantized_weights_load(tmp_path):
     for q in ("Q8_0", "Q4_0", "Q4_1", "F16"):
         spec = SynthSpec(arch="llama", n_embd=64, n_ff=128, qtype=q)
         loaded = load_gguf(write_random_gguf(str(tmp_path / f"{q}.gguf"), spec), weights="dense")
-        assert loaded.model.layers[0].attn.q.weight.dtype == torch.float32
+        attn, mlp = loaded.model.layers[0].attn, loaded.model.layers[0].mlp
+        assert attn.qkv.weight.dtype == torch.float32 and not hasattr(attn, "q")  # fused at load
+        assert mlp.gate_up.weight.shape == (2 * spec.n_ff, spec.n_embd) and not hasattr(mlp, "up")
         assert torch.isfinite(loaded.model.layers[0].mlp.down.weight).all()
 
 
@@ -89,3 +91,19 @@ def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
     top2 = d.topk(2, -1).values
     decided = (top2[:, 0] - top2[:, 1]) > 0.05 * d.abs().max().item()
     assert bool((q.argmax(-1) == d.argmax(-1))[decided].all())
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3"])
+def test_fused_dense_projections_match_separate_ones(arch, tmp_path, monkeypatch):
+    """Q/K/V and gate/up fused at load (one GEMM each, biases included) give the logits of the
+    separate projections."""
+    path = write_random_gguf(str(tmp_path / f"{arch}.gguf"), SynthSpec(arch=arch, sliding_window=8))
+    fused = load_gguf(path, weights="dense")
+    monkeypatch.setenv("KVSERVE_FUSE", "0")
+    apart = load_gguf(path, weights="dense")
+    assert fused.model.layers[0].attn.qkv is not None and not hasattr(fused.model.layers[0].mlp, "gate")
+    assert apart.model.layers[0].attn.qkv is None and apart.model.layers[0].mlp.gate_up is None
+    ids = tuple(range(5, 45))
+    plan = Plan((SeqChunk(0, ids, 0, (0, 1, 2), "all"),))
+    a, b = (ModelRunner(m, n_pages=8).run(plan).logits[0] for m in (fused, apart))
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())

@@ -166,3 +166,37 @@ def test_rms_norm_kernel_matches_reference(shape):
     got = norm_kernel.rms_norm(x, norm.weight, 1e-6)
     assert got.dtype == x.dtype and got.shape == x.shape
     assert _rel(got, ref) < (1e-5 if DTYPE == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("shape", [(3, 64), (2, 100)])
+def test_add_rms_norm_kernel_matches_reference(shape):
+    from kvserve.model import norm_kernel
+    from kvserve.model.layers import RMSNorm
+
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(*shape, generator=gen).to(DEV, DTYPE)
+    r = torch.randn(*shape, generator=gen).to(DEV, DTYPE)
+    norm = RMSNorm(shape[-1], 1e-6).to(DEV)
+    norm.weight.data = torch.randn(shape[-1], generator=gen).to(DEV)
+    s_ref = x + r
+    sf = s_ref.float()
+    ref = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight.float()).to(x.dtype)
+    y, s = norm_kernel.add_rms_norm(x, r, norm.weight, 1e-6)
+    assert torch.equal(s, s_ref)  # the sum is rounded exactly as torch's add
+    assert _rel(y, ref) < (1e-5 if DTYPE == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("rows,n_ff", [(1, 48), (3, 1500)])
+def test_act_mul_kernel_matches_reference(act, rows, n_ff):
+    import torch.nn.functional as F
+
+    from kvserve.model import norm_kernel
+
+    gen = torch.Generator().manual_seed(7)
+    gu = (3 * torch.randn(rows, 2 * n_ff, generator=gen)).to(DEV, DTYPE)
+    g, u = gu.split((n_ff, n_ff), dim=-1)
+    ref = (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")) * u
+    got = norm_kernel.act_mul(gu, n_ff, act)
+    assert got.shape == (rows, n_ff) and got.dtype == gu.dtype
+    assert _rel(got, ref) < (1e-5 if DTYPE == torch.float32 else 1e-2)

@@ -11,14 +11,25 @@ from . import norm_kernel
 
 class RMSNorm(nn.Module):
     """x / rms(x) * w, computed in float32. GGUF norm weights are used as stored
-    (Gemma's ``1 + w`` is already folded in by the converter)."""
+    (Gemma's ``1 + w`` is already folded in by the converter).
+
+    ``norm(x, residual)`` first adds the residual stream (in x's dtype) and returns
+    ``(norm(x + residual), x + residual)``: one kernel on CUDA instead of an add and a norm."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
+        if residual is None:
+            return self._norm(x)
+        if norm_kernel.available(x) and residual.is_contiguous() and residual.dtype == x.dtype:
+            return norm_kernel.add_rms_norm(x, residual, self.weight, self.eps)
+        s = x + residual
+        return self._norm(s), s
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if norm_kernel.available(x):
             return norm_kernel.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:  # one fused op, same arithmetic
@@ -42,7 +53,10 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            g, u = self.gate_up(x).split((self.n_ff, self.n_ff), dim=-1)
+            gu = self.gate_up(x)
+            if gu.dim() == 2 and gu.stride(-1) == 1 and norm_kernel.available(gu):
+                return self.down(norm_kernel.act_mul(gu, self.n_ff, self.act))
+            g, u = gu.split((self.n_ff, self.n_ff), dim=-1)
         else:
             g, u = self.gate(x), self.up(x)
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")

@@ -2,7 +2,8 @@
 
 Two weight layouts: ``quant`` (the default on the CPU) repacks each weight into the layout of
 the kernel that runs it (see ``quant/build.py``) and keeps token embeddings in their GGUF
-encoding; ``dense`` dequantizes every tensor to one dtype (the float32 reference).
+encoding; ``dense`` dequantizes every tensor to one dtype (the float32 reference). Both fuse
+Q/K/V and gate/up into one matrix each (``fuse``; ``KVSERVE_FUSE=0`` keeps dense ones apart).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 
 from .arch import ARCHITECTURES
 from .config import ModelConfig, UnsupportedModelError, config_from_metadata
+from .fuse import fuse_dense
 from .gguf_meta import read_metadata
 from .quant import dequantize
 from .quant.build import RawTensor, WeightSummary, fuse_groups, linear
@@ -194,6 +196,8 @@ def load_gguf(
     if missing:
         raise UnsupportedModelError(f"GGUF file lacks tensors for: {', '.join(missing[:8])}")
     summary = _repack(model, cfg, raws, state, device, dtype) if weights == "quant" else None
+    if weights == "dense" and os.environ.get("KVSERVE_FUSE", "1") != "0":
+        fuse_dense(model, state)  # Q/K/V and gate/up: one GEMM each
     model.load_state_dict(state, assign=True, strict=True)
     del reader, raws  # unmaps the file: only repacked copies stay resident
     _release_free_memory()

@@ -1,8 +1,11 @@
-"""RMSNorm as one Triton kernel (CUDA): the torch version in ``layers.RMSNorm`` takes about
-eight kernels per call, which at decode batch sizes costs more in launches than in bytes.
+"""Fused elementwise kernels in Triton (CUDA): RMSNorm, RMSNorm with the residual add before it,
+and the gated MLP's act(gate) * up. Their torch versions in ``layers`` take several kernels per
+call, which at decode batch sizes costs more in launches than in bytes.
 
-Same arithmetic as the reference: x in float32, x * rsqrt(mean(x²) + eps) * w, rounded once to
-x's dtype. One program per row. Triton is imported on first use, so CPU-only runs never load it.
+Same arithmetic as the reference: float32 inside, rounded to the activations' dtype where torch
+rounds (the residual sum before it is normed; act(gate) before the product). One program per
+row (per row and column block for act_mul). Triton is imported on first use, so CPU-only runs
+never load it; ``TRITON_INTERPRET=1`` runs the kernels on the CPU (tests).
 """
 
 from __future__ import annotations
@@ -35,3 +38,17 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     k = _kernels()
     assert k is not None, "triton is not installed"
     return k.rms_norm(x, w, eps)
+
+
+def add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + r) * w, x + r); x and r contiguous, same shape and dtype."""
+    k = _kernels()
+    assert k is not None, "triton is not installed"
+    return k.add_rms_norm(x, r, w, eps)
+
+
+def act_mul(gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
+    """act(gu[:, :n_ff]) * gu[:, n_ff:] for a 2-D gu whose rows are contiguous; act = silu | gelu_tanh."""
+    k = _kernels()
+    assert k is not None, "triton is not installed"
+    return k.act_mul(gu, n_ff, act == "gelu_tanh")

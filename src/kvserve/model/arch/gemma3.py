@@ -24,9 +24,15 @@ class Gemma3Block(nn.Module):
         self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "gelu_tanh")
         self.post_ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
 
-    def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
-        x = x + self.post_attn_norm(self.attn(self.attn_norm(x), step))
-        return x + self.post_ffn_norm(self.mlp(self.ffn_norm(x)))
+    def forward(self, x: torch.Tensor, step: AttentionStep,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``LlamaBlock.forward``: the output is the sum of the returned pair."""
+        if residual is None:
+            h, residual = self.attn_norm(x), x
+        else:
+            h, residual = self.attn_norm(x, residual)
+        h, residual = self.ffn_norm(self.post_attn_norm(self.attn(h, step)), residual)
+        return self.post_ffn_norm(self.mlp(h)), residual
 
 
 class Gemma3Model(LlamaModel):

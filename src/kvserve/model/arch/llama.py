@@ -57,9 +57,16 @@ class LlamaBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
         self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "silu")
 
-    def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), step)
-        return x + self.mlp(self.ffn_norm(x))
+    def forward(self, x: torch.Tensor, step: AttentionStep,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block on hidden state ``x + residual`` (``x`` alone when residual is None); returns
+        ``(h, r)`` whose sum is its output, so that the next norm adds them in its kernel."""
+        if residual is None:
+            h, residual = self.attn_norm(x), x
+        else:
+            h, residual = self.attn_norm(x, residual)
+        h, residual = self.ffn_norm(self.attn(h, step), residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -84,9 +91,10 @@ class LlamaModel(nn.Module):
         """Final-normed hidden states [T, n_embd] of the step's tokens (positions and KV pages
         are the step's)."""
         x = self.embed_tokens(input_ids)
+        residual = None
         for block in self.layers:
-            x = block(x, step)
-        return self.norm(x)
+            x, residual = block(x, step, residual)
+        return self.norm(x, residual)[0] if residual is not None else self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if "lm_head" in self._modules:  # also set for tied embeddings when weights are repacked
