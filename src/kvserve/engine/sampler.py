@@ -26,6 +26,8 @@ token-id order with one uniform from the row's generator. The "infill" sampler i
 Layers (each imports only the ones below it):
 
     sampler          sample_batch: groups rows by plan, runs the chain, one host copy per group
+    sampler_fast     the common chains (greedy; top_k/top_p/min_p/temperature + dist) for the
+                     whole batch at once, one host copy per step: taken when every row fits
     sampler_stages   the batched tensor stages over candidate sets, and the final picks
     sampler_state    SequenceSampler (per-request parameters and state), build_plan
     dry              DRY penalties and sequence breakers
@@ -48,6 +50,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from kvserve.engine import sampler_fast
 from kvserve.engine.dry import DryBreakers, build_dry_breakers
 from kvserve.engine.sampler_stages import (
     STAGES,
@@ -183,6 +186,8 @@ def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     if any(s.vocab_size != V for s in samplers) or logits.shape[1] < V:
         raise ValueError("all samplers must share vocab_size <= logits.shape[1]")
     raw = logits[:, :V].float()
+    if sampler_fast.enabled() and all(sampler_fast.eligible(s) for s in samplers):
+        return [SampleResult(t, 0.0) for t in sampler_fast.sample_tokens(raw, samplers)]
     results = _sample_groups(raw, samplers)
     redo = [i for i, s in enumerate(samplers)
             if s.grammar is not None and s.grammar.constrained and not s.grammar.allows(results[i].token)]

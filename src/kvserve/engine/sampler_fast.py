@@ -1,0 +1,114 @@
+"""The fast path of the sampler: the common chains over the whole batch in a few tensor ops,
+with one device-to-host copy per step.
+
+It serves a step when every row's chain is one of:
+
+    greedy                                   (no penalties/DRY before it)
+    top_k [top_p] [min_p] [temperature] dist (in this order, 1 <= top_k <= FAST_TOP_K,
+                                              temperature > 0, no dynatemp, min_keep <= 1)
+
+and no row has a grammar, logit biases (``ignore_eos`` included) or ``n_probs``. Any other
+step takes the full chain (``sampler.sample_batch``'s groups), which stays the reference.
+
+Same arithmetic and the same draw as the chain: the rows' stages run side by side (a row
+whose stage is inactive gets its neutral parameter: top_p 1 keeps everything, min_p 0 keeps
+everything, temperature 1 divides by one), candidates are ordered by logit, ties by token id,
+as the chain orders them for top_p, and the final draw walks the live candidates in token-id
+order with the one uniform the row draws from its own generator per call. So a seeded request
+gives the same tokens on either path (up to float rounding in reductions over a different
+number of -inf columns when the batch's largest top_k differs from the row's group's).
+
+``logprob`` of a result is not computed here (rows that want probabilities take the chain).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from .sampler_state import NEG_INF, SequenceSampler
+
+FAST_TOP_K = 256  # candidates kept per row at most: top_k above this (or off) takes the chain
+_DIST_ORDER = ("top_k", "top_p", "min_p", "temperature")
+
+
+def _is_subsequence(plan: tuple[str, ...], order: tuple[str, ...]) -> bool:
+    it = iter(order)
+    return all(name in it for name in plan)
+
+
+def eligible(s: SequenceSampler) -> bool:
+    """Whether the fast path computes exactly this row's chain."""
+    p = s.params
+    if s.grammar is not None or s.bias or p.n_probs > 0:
+        return False
+    if s.final == "greedy":
+        return not s.plan
+    if s.final != "dist" or not s.plan or s.plan[0] != "top_k" or not _is_subsequence(s.plan, _DIST_ORDER):
+        return False
+    if not 1 <= p.top_k <= FAST_TOP_K or p.min_keep > 1:
+        return False
+    return "temperature" not in s.plan or (p.temperature > 0.0 and p.dynatemp_range <= 0.0)
+
+
+def enabled() -> bool:
+    return os.environ.get("KVSERVE_FAST_SAMPLER", "1") != "0"
+
+
+def sample_tokens(raw: Tensor, samplers: Sequence[SequenceSampler]) -> list[int]:
+    """One token per row of ``raw`` [B, V] (float32) for rows that are all ``eligible``.
+    Draws one uniform from each sampling (non-greedy) row's generator."""
+    dev = raw.device
+    dist = [i for i, s in enumerate(samplers) if s.final == "dist"]
+    if len(dist) < len(samplers):
+        tokens = raw.argmax(-1)
+    if dist:
+        x = raw if len(dist) == len(samplers) else raw[torch.tensor(dist, device=dev)]
+        table = []
+        for i in dist:
+            s = samplers[i]
+            p, plan = s.params, s.plan
+            u = float(torch.rand((), generator=s.rng, dtype=torch.float64))
+            table.append([u, min(p.top_k, x.shape[1]),
+                          p.top_p if "top_p" in plan else float("inf"),
+                          p.min_p if "min_p" in plan else 0.0,
+                          p.temperature if "temperature" in plan else 1.0])
+        cols = torch.tensor(table, dtype=torch.float64).to(dev, non_blocking=True)
+        picked = _dist(x, cols, int(max(r[1] for r in table)))
+        if len(dist) == len(samplers):
+            tokens = picked
+        else:
+            tokens[torch.tensor(dist, device=dev)] = picked
+    return tokens.tolist()
+
+
+def _dist(x: Tensor, cols: Tensor, k_max: int) -> Tensor:
+    """top_k → top_p → min_p → temperature → seeded draw, per row (``cols``: u, k, top_p,
+    min_p, temperature)."""
+    u, k, top_p, min_p, temp = (cols[:, j] for j in range(5))
+    vals, ids = torch.topk(x, k_max, dim=-1)
+    ar = torch.arange(k_max, device=x.device)[None, :]
+    vals = torch.where(ar < k[:, None], vals, NEG_INF)
+    # top_p over the candidates ordered by logit, ties by token id (the chain's order)
+    lse = torch.logsumexp(vals, -1, keepdim=True)
+    by_id = ids.sort(dim=-1).indices
+    vals, ids = vals.gather(-1, by_id), ids.gather(-1, by_id)
+    vals, perm = vals.sort(dim=-1, descending=True, stable=True)
+    ids = ids.gather(-1, perm)
+    below = torch.cumsum(torch.exp(vals - lse), -1) < top_p[:, None].float()
+    last = below.sum(-1).clamp(max=k_max - 1)
+    vals = torch.where(ar <= last[:, None], vals, NEG_INF)
+    # min_p, then temperature
+    vals = torch.where(vals >= vals.amax(-1, keepdim=True) + torch.log(min_p.float())[:, None], vals, NEG_INF)
+    vals = vals / temp.float()[:, None]
+    # the draw over the live candidates in token-id order
+    ids, perm = ids.sort(dim=-1)
+    vals = vals.gather(-1, perm)
+    probs = torch.nan_to_num(torch.softmax(vals, -1), nan=0.0)
+    cum = torch.cumsum(probs.double(), -1)
+    pos = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=k_max - 1)
+    pos = torch.where(probs.gather(-1, pos) > 0, pos, probs.argmax(-1, keepdim=True))
+    return ids.gather(-1, pos).squeeze(-1)

@@ -1,0 +1,120 @@
+"""The sampler's fast path (``sampler_fast``) against the full chain it stands in for: the same
+tokens (greedy exactly; seeded draws with the same seeds), the draw's distribution, batch
+independence, and the per-step choice of the chain when a row needs a stage it lacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.engine import sampler_fast
+from kvserve.engine.sampler import SequenceSampler, sample_batch
+from kvserve.engine.sampling_params import SamplingParams
+
+V = 300
+DEVS = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+MIXED = [
+    SamplingParams(seed=1),  # the default chain: top_k 40, top_p 0.95, min_p 0.05, temperature 0.8
+    SamplingParams(seed=2, top_k=5, top_p=1.0, min_p=0.0, temperature=1.0),  # top_k alone
+    SamplingParams(seed=3, top_k=20, top_p=0.5, min_p=0.0, temperature=1.5),
+    SamplingParams(seed=4, top_k=V, top_p=0.9, min_p=0.2, temperature=0.7),  # k covers the vocabulary
+    SamplingParams(seed=5, top_k=1),
+    SamplingParams(seed=6, temperature=0.0),  # greedy
+    SamplingParams(seed=7, top_k=64, min_keep=1, temperature=2.0),
+]
+
+
+def _logits(seed: int, b: int, device: str, ties: bool = False) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, V, generator=g) * 3
+    if ties:  # rounded logits: many equal values, broken by token id in both paths
+        x = x.round()
+    return x.to(device)
+
+
+def _run(params: list[SamplingParams], steps: int, device: str, fast: bool, monkeypatch, ties: bool = False):
+    monkeypatch.setenv("KVSERVE_FAST_SAMPLER", "1" if fast else "0")
+    samplers = [SequenceSampler(p, V) for p in params]
+    out = []
+    for step in range(steps):
+        res = sample_batch(_logits(100 + step, len(params), device, ties), samplers)
+        for s, r in zip(samplers, res):
+            s.accept(r.token)
+        out.append([r.token for r in res])
+    return out
+
+
+def test_eligibility() -> None:
+    ok = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_k=7, top_p=1.0, min_p=0.0),
+          SamplingParams(samplers=("top_k", "min_p", "temperature"))]
+    for p in ok:
+        assert sampler_fast.eligible(SequenceSampler(p, V)), p
+    no = [SamplingParams(n_probs=3), SamplingParams(logit_bias=((3, 1.0),)), SamplingParams(repeat_penalty=1.1),
+          SamplingParams(top_k=0), SamplingParams(top_k=1000), SamplingParams(typical_p=0.5),
+          SamplingParams(mirostat=2), SamplingParams(dynatemp_range=0.5), SamplingParams(min_keep=5),
+          SamplingParams(samplers=("temperature", "top_k")), SamplingParams(xtc_probability=0.5),
+          SamplingParams(temperature=0.0, repeat_penalty=1.2)]
+    for p in no:
+        assert not sampler_fast.eligible(SequenceSampler(p, V)), p
+    ignore_eos = SequenceSampler(SamplingParams(ignore_eos=True), V, eog_ids=(0,))
+    assert not sampler_fast.eligible(ignore_eos)
+
+
+@pytest.mark.parametrize("device", DEVS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_same_tokens_as_the_chain(device, ties, monkeypatch) -> None:
+    fast = _run(MIXED, 40, device, True, monkeypatch, ties)
+    chain = _run(MIXED, 40, device, False, monkeypatch, ties)
+    assert fast == chain
+    assert len({tuple(step[0] for step in fast)}) == 1 and len(set(step[0] for step in fast)) > 5  # it samples
+
+
+@pytest.mark.parametrize("device", DEVS)
+def test_greedy_is_argmax(device, monkeypatch) -> None:
+    x = _logits(9, 16, device, ties=True)
+    samplers = [SequenceSampler(SamplingParams(temperature=0.0), V) for _ in range(16)]
+    assert [r.token for r in sample_batch(x, samplers)] == x.argmax(-1).tolist()
+
+
+def test_seeded_row_does_not_depend_on_the_batch(monkeypatch) -> None:
+    alone = _run(MIXED[:1], 20, "cpu", True, monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    wide = SamplingParams(seed=1)
+    samplers = [SequenceSampler(wide, V)] + [SequenceSampler(SamplingParams(seed=50 + i, top_k=3), V) for i in range(5)]
+    got = []
+    for step in range(20):
+        x = torch.randn(6, V, generator=g) * 3
+        x[0] = _logits(100 + step, 1, "cpu")[0]
+        got.append(sample_batch(x, samplers)[0].token)
+        for s in samplers:
+            s.accept(0)
+    assert got == [row[0] for row in alone]
+
+
+def test_draws_follow_the_truncated_distribution() -> None:
+    """top_k 4, temperature 0.5 over fixed logits: frequencies match softmax(top-4 / 0.5)."""
+    x = torch.tensor([[2.0, 1.5, 1.0, 0.2, 0.1] + [-5.0] * (V - 5)])
+    p = SamplingParams(seed=11, top_k=4, top_p=1.0, min_p=0.0, temperature=0.5)
+    s = SequenceSampler(p, V)
+    n = 4000
+    counts = torch.zeros(V)
+    for _ in range(n):
+        counts[sampler_fast.sample_tokens(x, [s])[0]] += 1
+    want = torch.softmax(x[0, :4] / 0.5, -1)
+    assert counts[4:].sum() == 0
+    assert (counts[:4] / n - want).abs().max() < 0.03
+
+
+def test_a_row_needing_another_stage_takes_the_chain_for_the_step(monkeypatch) -> None:
+    calls = []
+    orig = sampler_fast.sample_tokens
+    monkeypatch.setattr(sampler_fast, "sample_tokens", lambda *a: calls.append(1) or orig(*a))
+    x = _logits(3, 2, "cpu")
+    plain = [SequenceSampler(SamplingParams(seed=1), V), SequenceSampler(SamplingParams(seed=2), V)]
+    sample_batch(x, plain)
+    assert calls == [1]
+    probs = [SequenceSampler(SamplingParams(seed=1), V), SequenceSampler(SamplingParams(seed=2, n_probs=2), V)]
+    res = sample_batch(x, probs)
+    assert calls == [1] and len(res[1].top) == 2 and res[1].logprob < 0  # the chain's result
+    assert res[0].token == sample_batch(x[:1], [SequenceSampler(SamplingParams(seed=1), V)])[0].token
