@@ -38,7 +38,8 @@ def push_token(
         tim = None
         if p.timings_per_token:
             tim = timings(seq.n_prompt, seq.n_cached, seq.n_decoded, seq.prompt_ms(), seq.predicted_ms())
-        seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim))
+        seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim,
+                              n_cached=seq.n_cached))
     return done
 
 
@@ -49,7 +50,7 @@ def grammar_stop(seq: Sequence) -> bool:
     text = seq.streamer.flush(False)
     seq.content.append(text)
     if seq.req.params.stream and text:
-        seq.emit(TokenEvent(seq.id, seq.req.index, text, [], seq.n_decoded, seq.n_prompt, []))
+        seq.emit(TokenEvent(seq.id, seq.req.index, text, [], seq.n_decoded, seq.n_prompt, [], n_cached=seq.n_cached))
     return True
 
 

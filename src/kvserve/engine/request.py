@@ -91,6 +91,7 @@ class TokenEvent:
     n_prompt: int
     probs: list[TokenProb] = field(default_factory=list)
     timings: dict[str, Any] | None = None
+    n_cached: int = 0  # prompt tokens whose KV came from the cache
 
 
 @dataclass

@@ -13,12 +13,13 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
 import kvserve
-from kvserve.server import routes_generate, routes_misc, webui
+from kvserve.server import routes_generate, routes_misc, vertex, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
 from kvserve.server.jsonio import JSONResponse, error_response
@@ -50,8 +51,13 @@ def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
     app.state.settings = s
     app.state.t_start = time.time()
 
-    app.include_router(routes_misc.make_router(s.api_prefix))
-    app.include_router(routes_generate.make_router(s.api_prefix))
+    routers = [routes_misc.make_router(s.api_prefix), routes_generate.make_router(s.api_prefix)]
+    for router in routers:
+        app.include_router(router)
+    if s.vertex is not None:  # before the Web UI: a --path mount must not shadow it
+        paths = [r.path[len(s.api_prefix):] for router in routers for r in router.routes
+                 if isinstance(r, APIRoute) and "{" not in r.path]
+        vertex.install(app, s.api_prefix, s.vertex, paths)
     webui.install(app, s)  # last: a --path mount must not shadow the API
 
     @app.exception_handler(ApiError)

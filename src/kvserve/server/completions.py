@@ -1,7 +1,9 @@
-"""Completion-like endpoints: /completion, /v1/completions, /v1/chat/completions, /infill.
+"""Completion-like endpoints: /completion, /v1/completions, /v1/chat/completions, /infill, and the
+chat-based /v1/messages (Anthropic) and /v1/responses (OpenAI Responses).
 
-Flow: body -> (chat: rendered prompt) -> prompts tokenized -> fields parsed -> one
-``GenerationRequest`` per prompt x n_cmpl (``index = prompt * n_cmpl + j``) -> engine.
+Flow: body -> (Anthropic / Responses: converted to a chat body) -> (chat: rendered prompt) ->
+prompts tokenized -> fields parsed -> one ``GenerationRequest`` per prompt x n_cmpl
+(``index = prompt * n_cmpl + j``) -> engine.
 Non-stream: wait for all results (polling for a disconnect), merge like llama-server.
 Stream: the first event decides the status (an error is a plain JSON error), then SSE.
 """
@@ -15,9 +17,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvserve.engine.request import CacheIdentity, ErrorEvent, GenerationRequest
+from kvserve.server import anthropic_out, responses_out, sse
 from kvserve.server import responses as R
-from kvserve.server import sse
+from kvserve.server.anthropic import anthropic_to_chat
 from kvserve.server.chat import prepare_chat
+from kvserve.server.chat_parsing.reasoning import detect_think_tags
+from kvserve.server.chat_tools import template_source
 from kvserve.server.dispatch import ClientGone, Dispatch, error_of
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid
@@ -32,6 +37,7 @@ from kvserve.server.prompts import (
     validate_input_extra,
     validate_tokens,
 )
+from kvserve.server.responses_api import responses_to_chat
 from kvserve.server.settings import ServerSettings
 
 
@@ -40,6 +46,21 @@ class Kind(enum.Enum):
     OAI_COMPLETION = "oai_completion"
     OAI_CHAT = "oai_chat"
     INFILL = "infill"
+    ANTHROPIC = "anthropic"  # /v1/messages: an Anthropic body, converted to chat
+    OAI_RESP = "oai_resp"  # /v1/responses: a Responses body, converted to chat
+
+    @property
+    def is_chat(self) -> bool:
+        return self in (Kind.OAI_CHAT, Kind.ANTHROPIC, Kind.OAI_RESP)
+
+
+def to_chat_body(kind: Kind, body: dict[str, Any], engine: EngineAPI) -> dict[str, Any]:
+    """Anthropic and Responses bodies as the chat body they stand for (others unchanged)."""
+    if kind is Kind.ANTHROPIC:
+        return anthropic_to_chat(body, detect_think_tags(template_source(engine.chat_template)) is not None)
+    if kind is Kind.OAI_RESP:
+        return responses_to_chat(body)
+    return body
 
 
 def tenant_of(request: Request) -> str:
@@ -61,8 +82,10 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
                     raise invalid(f'"{name}" must be a string or an array of strings and tokens')
             extra = validate_input_extra(body.get("input_extra"))
         rendered = None
-        if kind is Kind.OAI_CHAT:
-            data, rendered = prepare_chat(body, engine.chat_template, s)
+        if kind.is_chat:
+            data, rendered = prepare_chat(to_chat_body(kind, body, engine), engine.chat_template, s)
+            if kind is not Kind.OAI_CHAT and data.get("n", 1) != 1:
+                raise invalid("only one result per request ('n' must be 1) on this endpoint")
         else:
             data = body
         if kind is Kind.INFILL:
@@ -102,6 +125,10 @@ def build_requests(engine: EngineAPI, prompts: list[list[int]], params: Completi
 
 
 def _final_json(kind: Kind, finals: list[Any], ctx: R.ResponseContext) -> Any:
+    if kind is Kind.ANTHROPIC:
+        return anthropic_out.message_body(finals[0], ctx)
+    if kind is Kind.OAI_RESP:
+        return responses_out.response_body(finals[0], ctx)
     if kind in (Kind.NATIVE, Kind.INFILL):
         objs = [R.native_final(ev, ctx, stream=False) for ev in finals]
         if ctx.params.response_fields:
@@ -112,7 +139,11 @@ def _final_json(kind: Kind, finals: list[Any], ctx: R.ResponseContext) -> Any:
     return results[0] if len(results) == 1 else R.merge_oai(results, ctx.params.n_cmpl)
 
 
-def _stream_format(kind: Kind, ctx: R.ResponseContext) -> sse.NativeFormat:
+def _stream_format(kind: Kind, ctx: R.ResponseContext) -> sse.Format:
+    if kind is Kind.ANTHROPIC:
+        return anthropic_out.AnthropicFormat(ctx)
+    if kind is Kind.OAI_RESP:
+        return responses_out.ResponsesFormat(ctx)
     if kind is Kind.OAI_CHAT:
         return sse.OAIChatFormat(ctx)
     if kind is Kind.OAI_COMPLETION:

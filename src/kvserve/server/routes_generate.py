@@ -1,4 +1,5 @@
-"""Routes that run the model: completions, chat, infill, embeddings (thin: see completions.py)."""
+"""Routes that run the model: completions, chat, Responses, Anthropic Messages, infill, embeddings (thin: see
+completions.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from kvserve.server.completions import Kind, handle
 from kvserve.server.errors import disabled_endpoint, unsupported_feature
 from kvserve.server.jsonio import JSONResponse, read_object
 from kvserve.server.schemas import (
+    AnthropicMessagesRequest,
     ChatCompletionRequest,
     CompletionRequest,
     EmbeddingRequest,
     InfillRequest,
+    ResponsesRequest,
     doc_body,
 )
 
@@ -39,6 +42,17 @@ def make_router(prefix: str) -> APIRouter:
     async def chat_completion(request: Request) -> Response:
         """OpenAI chat completion."""
         return await handle(request, Kind.OAI_CHAT, await read_object(request))
+
+    @r.post("/v1/responses", openapi_extra=doc_body(ResponsesRequest), tags=["OpenAI"])
+    @r.post("/responses", openapi_extra=doc_body(ResponsesRequest), tags=["OpenAI"], include_in_schema=False)
+    async def oai_responses(request: Request) -> Response:
+        """OpenAI Responses (run as a chat completion); SSE events named ``response.*``."""
+        return await handle(request, Kind.OAI_RESP, await read_object(request))
+
+    @r.post("/v1/messages", openapi_extra=doc_body(AnthropicMessagesRequest), tags=["Anthropic"])
+    async def anthropic_messages(request: Request) -> Response:
+        """Anthropic Messages (run as a chat completion); SSE ``message_start`` … ``message_stop``."""
+        return await handle(request, Kind.ANTHROPIC, await read_object(request))
 
     @r.post("/infill", openapi_extra=doc_body(InfillRequest), tags=["llama.cpp"])
     async def infill(request: Request) -> Response:

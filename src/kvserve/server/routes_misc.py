@@ -12,6 +12,7 @@ from kvserve.server.completions import tenant_of
 from kvserve.server.errors import UNAVAILABLE, ApiError, disabled_endpoint, from_exception, invalid
 from kvserve.server.jsonio import JSONResponse, read_json, read_object
 from kvserve.server.schemas import (
+    AnthropicMessagesRequest,
     ChatCompletionRequest,
     DetokenizeRequest,
     ResponsesInputTokensRequest,
@@ -130,20 +131,23 @@ def make_router(prefix: str) -> APIRouter:
         st = request.app.state
         return JSONResponse(tokens.apply_template(st.engine, st.settings, await read_object(request)))
 
-    for path, responses_api in (("/chat/completions/input_tokens", False),
-                                ("/v1/chat/completions/input_tokens", False),
-                                ("/responses/input_tokens", True), ("/v1/responses/input_tokens", True)):
-        model = ResponsesInputTokensRequest if responses_api else ChatCompletionRequest
+    for path, api in (("/chat/completions/input_tokens", "chat"),
+                      ("/v1/chat/completions/input_tokens", "chat"),
+                      ("/responses/input_tokens", "responses"), ("/v1/responses/input_tokens", "responses"),
+                      ("/v1/messages/count_tokens", "anthropic")):
+        model = {"chat": ChatCompletionRequest, "responses": ResponsesInputTokensRequest,
+                 "anthropic": AnthropicMessagesRequest}[api]
 
-        def bind(responses_api: bool = responses_api):
+        def bind(api: str = api):
             async def input_tokens(request: Request) -> Response:
-                """Prompt token count of a chat (or Responses) body."""
+                """Prompt token count of a chat, Responses or Anthropic Messages body."""
                 st = request.app.state
                 body = await read_object(request)
-                return JSONResponse(tokens.input_tokens(st.engine, st.settings, body, responses_api))
+                return JSONResponse(tokens.input_tokens(st.engine, st.settings, body, api))
             return input_tokens
 
-        r.add_api_route(path, bind(), methods=["POST"], openapi_extra=doc_body(model), tags=["OpenAI"],
+        r.add_api_route(path, bind(), methods=["POST"], openapi_extra=doc_body(model),
+                        tags=["Anthropic" if api == "anthropic" else "OpenAI"],
                         include_in_schema=path.startswith("/v1/"))
 
     @r.get("/lora-adapters", tags=["llama.cpp"])

@@ -118,9 +118,46 @@ class ResponsesInputTokensRequest(_Body):
     instructions: str | None = None
 
 
+class ResponsesRequest(ResponsesInputTokensRequest):
+    """OpenAI Responses; converted to a chat completion (llama.cpp sampling fields also apply)."""
+
+    model: str | None = None
+    stream: bool = False
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tools: list[dict[str, Any]] | None = Field(None, description='Only {"type": "function", ...} tools')
+    tool_choice: str | dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = Field(None, description='{"effort": ...}')
+    text: dict[str, Any] | None = Field(None, description='{"format": {"type": "text"|"json_object"|"json_schema"}}')
+
+
+class AnthropicMessage(_Body):
+    role: str
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicMessagesRequest(_Body):
+    """Anthropic Messages; converted to a chat completion."""
+
+    messages: list[AnthropicMessage]
+    model: str | None = None
+    system: str | list[dict[str, Any]] | None = None
+    max_tokens: int = Field(4096, description="Not required here (4096 when absent)")
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[dict[str, Any]] | None = Field(None, description="[{name, description, input_schema}]")
+    tool_choice: dict[str, Any] | None = Field(None, description='{"type": "auto"|"any"|"tool"|"none"}')
+    thinking: dict[str, Any] | None = Field(None, description='{"type": "enabled", "budget_tokens": N}')
+
+
 MODELS: list[type[BaseModel]] = [CompletionRequest, ChatMessage, ChatCompletionRequest, InfillRequest,
                                  TokenizeRequest, DetokenizeRequest, EmbeddingRequest, SlotActionRequest,
-                                 ResponsesInputTokensRequest]
+                                 ResponsesInputTokensRequest, ResponsesRequest, AnthropicMessage,
+                                 AnthropicMessagesRequest]
 
 
 def doc_body(model: type[BaseModel], required: bool = True) -> dict[str, Any]:

@@ -7,6 +7,7 @@ one-line fix here. Missing values fall back to llama-server's defaults.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import string
@@ -15,6 +16,7 @@ from typing import Any
 
 import kvserve
 from kvserve.grammar.spec import GrammarSpec
+from kvserve.server.vertex import VertexSettings, from_env
 
 # Request-field name -> llama-server default (common_params_sampling and task params).
 SAMPLING_DEFAULTS: dict[str, Any] = {
@@ -52,6 +54,7 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
 }
 
 _MISSING = object()
+log = logging.getLogger("kvserve.server")
 
 
 def _lookup(cfg: Any, name: str) -> Any:
@@ -146,6 +149,7 @@ class ServerSettings:
     reuse_port: bool = False
     unsupported_features: dict[str, str] = field(default_factory=dict)
     grammar: GrammarSpec | None = None  # --grammar/--grammar-file/-j/-jf: every request's default
+    vertex: VertexSettings | None = None  # AIP_MODE=PREDICTION: the Vertex AI predict route (server/vertex.py)
 
     @property
     def model_id(self) -> str:
@@ -173,9 +177,15 @@ class ServerSettings:
             import json
 
             kwargs = json.loads(kwargs) if kwargs.strip() else {}
+        port = int(_pick(cfg, d.port, "port"))
+        vertex = from_env()
+        if vertex is not None and vertex.http_port != port:
+            log.warning("Vertex AI (AIP_MODE=PREDICTION): overriding server port %d with AIP_HTTP_PORT %d",
+                        port, vertex.http_port)
+            port = vertex.http_port
         return ServerSettings(
             host=str(_pick(cfg, d.host, "host")),
-            port=int(_pick(cfg, d.port, "port")),
+            port=port,
             api_prefix=str(_pick(cfg, d.api_prefix, "api_prefix")).rstrip("/"),
             api_keys=_csv(_pick(cfg, (), "api_keys", "api_key")),
             cors_origins=str(_pick(cfg, d.cors_origins, "cors_origins")),
@@ -223,6 +233,7 @@ class ServerSettings:
             unsupported_features=dict(_pick(cfg, {}, "unsupported_features")),
             slots_debug=os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0"),
             grammar=_pick(cfg, None, "grammar_default", "sampling.grammar_default"),
+            vertex=vertex,
         )
 
 

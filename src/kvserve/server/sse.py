@@ -1,17 +1,19 @@
 """Server-sent events: framing, per-API chunk formats and the streaming loop.
 
-Framing: each event is ``data: <json>\\n\\n``; ``:\\n\\n`` (a comment) is a keep-alive sent
-after ``sse_ping_interval`` seconds of silence. Native streams just end; OpenAI streams end
-with ``data: [DONE]\\n\\n``. An error after the stream started is ``data: {"error": …}`` and
-the stream closes (no ``[DONE]``). The HTTP status is decided before the stream starts (see
-``completions.py``: an error as first event is a plain JSON error response).
+Framing: each event is ``data: <json>\\n\\n`` (Anthropic and Responses streams put an
+``event: <type>`` line before it; their formats live in ``anthropic_out`` / ``responses_out``);
+``:\\n\\n`` (a comment) is a keep-alive sent after ``sse_ping_interval`` seconds of silence.
+Native streams just end; OpenAI streams end with ``data: [DONE]\\n\\n``. An error after the
+stream started is ``data: {"error": …}`` (Anthropic: ``event: error``) and the stream closes (no
+``[DONE]``). The HTTP status is decided before the stream starts (see ``completions.py``: an error
+as first event is a plain JSON error response).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -40,6 +42,8 @@ class NativeFormat:
     """``/completion`` and ``/infill``: partials, then the final object (content ""), no [DONE]."""
 
     done_marker = ""
+    encode = staticmethod(frame)  # one chunk -> SSE text
+    error_frame = staticmethod(frame)  # an error body after the stream started -> SSE text
 
     def __init__(self, ctx: R.ResponseContext):
         self.ctx = ctx
@@ -175,7 +179,16 @@ class OAIChatFormat(NativeFormat):
         return out
 
 
-Format = NativeFormat
+class Format(Protocol):
+    """What a stream format provides (``NativeFormat`` and its kin, the Anthropic and Responses ones)."""
+
+    done_marker: str
+
+    def encode(self, chunk: Any) -> str: ...
+    def error_frame(self, body: dict[str, Any]) -> str: ...
+    def token(self, ev: TokenEvent) -> list[Any]: ...
+    def progress(self, ev: ProgressEvent) -> list[Any]: ...
+    def final(self, ev: FinalEvent) -> list[Any]: ...
 
 
 def render(fmt: Format, ev: EngineEvent) -> list[Any]:
@@ -198,11 +211,11 @@ async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Dis
             if ev is not None:
                 if isinstance(ev, ErrorEvent):
                     d.cancel()
-                    yield frame(error_event_body(ev))
+                    yield fmt.error_frame(error_event_body(ev))
                     return
                 chunks = render(fmt, ev)
                 if chunks:
-                    yield "".join(frame(c) for c in chunks)
+                    yield "".join(fmt.encode(c) for c in chunks)
                     last = time.monotonic()
             if d.done:
                 break
@@ -210,7 +223,7 @@ async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Dis
             try:
                 d.check_timeout()
             except ApiError as e:
-                yield frame(e.body())
+                yield fmt.error_frame(e.body())
                 return
             ev = await d.next(wait)
             if ev is None and ping_s > 0 and time.monotonic() - last >= ping_s:

@@ -1,14 +1,18 @@
-"""Utility endpoints without inference: /tokenize, /detokenize, /apply-template, input_tokens."""
+"""Endpoints without inference: /tokenize, /detokenize, /apply-template, input_tokens, count_tokens."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kvserve.server import fields as F
+from kvserve.server.anthropic import anthropic_to_chat
 from kvserve.server.chat import chat_to_completion
+from kvserve.server.chat_parsing.reasoning import detect_think_tags
+from kvserve.server.chat_tools import template_source
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import invalid
 from kvserve.server.prompts import tokenize_mixed
+from kvserve.server.responses_api import responses_to_chat
 from kvserve.server.settings import ServerSettings
 
 
@@ -54,38 +58,18 @@ def apply_template(engine: EngineAPI, s: ServerSettings, body: dict[str, Any]) -
     return {"prompt": chat_to_completion(body, engine.chat_template, s)["prompt"]}
 
 
-def responses_to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The text subset of the OpenAI Responses input, as a chat body."""
-    if "input" not in body:
-        raise invalid("'input' is required")
-    messages: list[dict[str, Any]] = []
-    if isinstance(body.get("instructions"), str):
-        messages.append({"role": "system", "content": body["instructions"]})
-    inp = body["input"]
-    if isinstance(inp, str):
-        messages.append({"role": "user", "content": inp})
-    elif isinstance(inp, list):
-        for item in inp:
-            if not isinstance(item, dict) or not isinstance(item.get("role"), str):
-                raise invalid("'input' items must be messages with a 'role'")
-            content = item.get("content")
-            if isinstance(content, list):
-                texts = []
-                for part in content:
-                    if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text"):
-                        raise invalid("'type' must be one of 'input_text' or 'output_text'")
-                    texts.append(str(part.get("text", "")))
-                content = "\n".join(texts)
-            messages.append({"role": item["role"], "content": content if isinstance(content, str) else ""})
+def input_tokens(engine: EngineAPI, s: ServerSettings, body: dict[str, Any],
+                 api: str = "chat") -> dict[str, Any]:
+    """The prompt token count of a chat body (``api`` "chat"), a Responses body ("responses") or
+    an Anthropic Messages body ("anthropic": no ``object`` key, as llama-server)."""
+    if api == "responses":
+        chat = responses_to_chat(body)
+    elif api == "anthropic":
+        chat = anthropic_to_chat(body, detect_think_tags(template_source(engine.chat_template)) is not None)
     else:
-        raise invalid("'input' must be a string or an array")
-    chat = {k: v for k, v in body.items() if k not in ("input", "instructions")}
-    chat["messages"] = messages
-    return chat
-
-
-def input_tokens(engine: EngineAPI, s: ServerSettings, body: dict[str, Any], responses_api: bool) -> dict[str, Any]:
-    chat = responses_to_chat(body) if responses_api else body
+        chat = body
     prompt = chat_to_completion(chat, engine.chat_template, s)["prompt"]
     n = len(engine.tokenizer.encode(prompt, True, True))
+    if api == "anthropic":
+        return {"input_tokens": n}
     return {"input_tokens": n, "object": "response.input_tokens"}
