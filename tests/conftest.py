@@ -5,9 +5,7 @@ Models are loaded once per test session; tests must not modify them.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -102,26 +100,16 @@ def gemma_dense(gemma_path: str):
     return load_gguf(gemma_path, weights="dense")
 
 
-def _cached_tokenizer_meta(cache: pytest.Cache, path: str) -> dict[str, Any]:
-    """The ``tokenizer.*``/``general.*`` metadata of a GGUF, kept in the pytest cache (reading the
-    Gemma vocabulary takes ~10 s)."""
-    with open(path, "rb") as f:
-        key = hashlib.sha256(f.read(16 << 20)).hexdigest()[:24]
-    cached = cache.mkdir("kvserve-tokenizer-meta") / f"{key}.pkl"
-    if cached.exists():
-        return pickle.loads(cached.read_bytes())
-    meta = {k: v for k, v in read_metadata_file(path).items() if k.startswith(("tokenizer.", "general."))}
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_bytes(pickle.dumps(meta))
-    tmp.replace(cached)
-    return meta
+def _tokenizer_meta(path: str) -> dict[str, Any]:
+    """The ``tokenizer.*``/``general.*`` metadata of a GGUF."""
+    return {k: v for k, v in read_metadata_file(path).items() if k.startswith(("tokenizer.", "general."))}
 
 
 @pytest.fixture(scope="session")
-def smollm_meta(request: pytest.FixtureRequest, smollm_path: str) -> dict[str, Any]:
-    return _cached_tokenizer_meta(request.config.cache, smollm_path)
+def smollm_meta(smollm_path: str) -> dict[str, Any]:
+    return _tokenizer_meta(smollm_path)
 
 
 @pytest.fixture(scope="session")
-def gemma_meta(request: pytest.FixtureRequest, gemma_path: str) -> dict[str, Any]:
-    return _cached_tokenizer_meta(request.config.cache, gemma_path)
+def gemma_meta(gemma_path: str) -> dict[str, Any]:
+    return _tokenizer_meta(gemma_path)

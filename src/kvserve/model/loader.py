@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from .arch import ARCHITECTURES
 from .config import ModelConfig, UnsupportedModelError, config_from_metadata
 from .fuse import fuse_dense
-from .gguf_meta import read_metadata
+from .gguf_meta import read_gguf
 from .quant import dequantize
 from .quant.build import RawTensor, WeightSummary, fuse_groups, linear
 from .quant.embedding import QuantEmbedding
@@ -158,10 +158,8 @@ def load_gguf(
         raise UnsupportedModelError(f"quantized weights run on the CPU or CUDA, not {device.type}")
     if weights == "quant":
         _mmap_threshold(1 << 20)
-    reader = GGUFReader(path, "r")
-    meta = read_metadata(reader)
-    reader.fields.clear()  # parsed key/value fields (the vocabulary as numpy arrays): copied into meta
-    _release_free_memory()
+    reader = read_gguf(path)
+    meta = reader.metadata
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(meta, names)
     known = set(GGMLQuantizationType)
