@@ -70,11 +70,32 @@ def test_packed_layout_round_trips(monkeypatch):
     rng = np.random.default_rng(2)
     codes = rng.integers(0, 16, (200, 96), dtype=np.uint8)
     zeros = np.zeros((200, 3), np.float32)
-    packed, sz, rows = int4.pack([int4.Plane(codes, zeros, zeros)])
+    packed, sz, rows = int4.pack([int4.Plane(codes, zeros, zeros)], 200)
     assert rows == 200 and sz.shape == (3, 256, 2)
     assert torch.equal(int4.unpack_codes(packed, 96)[:200], torch.from_numpy(codes))
+    padded = np.concatenate([codes, np.full((56, 96), 8, np.uint8)])
+    torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(padded).to(torch.int32), 1)
+    assert torch.equal(packed, torch_packed)  # the bytes of torch's own packer, which its kernel reads
     monkeypatch.setattr(int4, "PACK_ROWS", 64)
-    assert torch.equal(int4.pack([int4.Plane(codes, zeros, zeros)])[0], packed)
+    assert torch.equal(int4.pack([int4.Plane(codes, zeros, zeros)], 200)[0], packed)
+    # planes whose row counts are not multiples of 64 (fused parts) pack as their concatenation
+    pieces = [int4.Plane(codes[a:b], zeros[a:b], zeros[a:b]) for a, b in ((0, 10), (10, 75), (75, 139), (139, 200))]
+    assert torch.equal(int4.pack(pieces, 200)[0], packed)
+    with pytest.raises(ValueError, match="expected 201"):
+        int4.pack([int4.Plane(codes, zeros, zeros)], 201)
+
+
+def test_bf16_rounding_is_torchs():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([
+        rng.standard_normal(10000) * 10.0 ** rng.integers(-30, 30, 10000),
+        # float32 values halfway between two bf16 values (ties to even), and around them
+        (np.arange(-512, 512, dtype=np.int64) * 0x10000 + 0x3F808000).astype(np.uint32).view(np.float32),
+        [0.0, -0.0, 1.0, 3.0e38, -3.0e38, 1e-45],
+    ]).astype(np.float64)
+    x = np.concatenate([x, np.nextafter(x, np.inf), np.nextafter(x, -np.inf)])
+    expect = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(int4.bf16_bits(x), expect)
 
 
 def test_groups_decode_in_row_chunks(monkeypatch):

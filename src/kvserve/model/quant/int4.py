@@ -73,44 +73,65 @@ def planes(g: Groups) -> list[Plane]:
     return [Plane(hi_codes.astype(np.uint8), 16 * S, np.zeros_like(S)), low]
 
 
-def pack(rows: Iterable[Plane]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Stack planes row-wise → (packed uint8, scale_zero bf16 [K/32, R_pad, 2], R).
+def pack(rows: Iterable[Plane], n_rows: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Stack ``n_rows`` rows of planes row-wise → (packed uint8 [R_pad, K/2], scale_zero bf16
+    [K/32, R_pad, 2], R).
 
-    Streams: rows are gathered into blocks of ``PACK_ROWS`` (a multiple of 64: packed row
-    blocks are independent), each packed and its scales rounded on its own, so the temporaries
-    (the packer takes int32 codes) stay small for any tensor."""
-    packed: list[torch.Tensor] = []
-    sz: list[torch.Tensor] = []
-    buf: list[Plane] = []
-    n_buf = n_total = 0
+    Writes the layout above with numpy, straight into the output (the packer torch offers
+    takes int32 codes: four times the bytes, several times the time; tests check that both
+    give the same bytes); scales and offsets are rounded to bf16 by ``bf16_bits``. Rows are
+    taken in blocks of at most ``PACK_ROWS`` (a multiple of 64: packed row blocks are
+    independent), so temporaries stay small for any tensor."""
+    r_pad = -(-n_rows // ROW_BLOCK) * ROW_BLOCK
+    packed: np.ndarray | None = None
+    sz: np.ndarray | None = None  # bf16 bit patterns
+    carry: list[Plane] = []  # fewer than ROW_BLOCK rows left over from the previous plane
+    at = 0
 
-    def flush(final: bool) -> None:
-        nonlocal buf, n_buf
-        codes = np.concatenate([p.codes for p in buf])
-        s = np.concatenate([p.s for p in buf])
-        z = np.concatenate([p.z for p in buf])
-        take = codes.shape[0] if final else PACK_ROWS
-        rest = [Plane(codes[take:], s[take:], z[take:])] if take < codes.shape[0] else []
-        codes, s, z = codes[:take], s[:take], z[:take]
-        pad = (-take) % ROW_BLOCK
-        if pad:
-            codes = np.concatenate([codes, np.full((pad, codes.shape[1]), 8, np.uint8)])
-            s = np.concatenate([s, np.zeros((pad, s.shape[1]))])
-            z = np.concatenate([z, np.zeros((pad, z.shape[1]))])
-        c32 = torch.from_numpy(codes).to(torch.int32)
-        packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(c32, 1))
-        sz.append(torch.from_numpy(np.stack([s.T, z.T], axis=-1)).to(torch.bfloat16))  # one rounding
-        buf, n_buf = rest, sum(p.codes.shape[0] for p in rest)
+    def write(codes: np.ndarray, s: np.ndarray, z: np.ndarray) -> None:
+        nonlocal packed, sz, at
+        n, k = codes.shape
+        if packed is None:
+            packed = np.empty((r_pad, k // 2), np.uint8)
+            sz = np.empty((k // GROUP, r_pad, 2), np.uint16)
+        assert sz is not None and at + n <= r_pad, "more rows than n_rows"
+        v = codes.reshape(-1, 2, 32, k)  # [blocks, low/high nibble rows, 32, K]
+        packed.reshape(-1, k, 32)[at // ROW_BLOCK : (at + n) // ROW_BLOCK] = (v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1)
+        sz[:, at : at + n, 0], sz[:, at : at + n, 1] = bf16_bits(s.T), bf16_bits(z.T)
+        at += n
 
     for p in rows:
-        buf.append(p)
-        n_buf += p.codes.shape[0]
-        n_total += p.codes.shape[0]
-        while n_buf >= PACK_ROWS:
-            flush(False)
-    if n_buf:
-        flush(True)
-    return torch.cat(packed), torch.cat(sz, dim=1).contiguous(), n_total
+        if carry:
+            p = Plane(*(np.concatenate([c[i] for c in carry] + [p[i]]) for i in range(3)))
+            carry = []
+        for i in range(0, p.codes.shape[0], PACK_ROWS):
+            j = min(i + PACK_ROWS, p.codes.shape[0])
+            whole = i + (j - i) // ROW_BLOCK * ROW_BLOCK
+            if whole > i:
+                write(p.codes[i:whole], p.s[i:whole], p.z[i:whole])
+            if whole < j:
+                carry = [Plane(p.codes[whole:j], p.s[whole:j], p.z[whole:j])]
+    n_total = at + sum(c.codes.shape[0] for c in carry)
+    if n_total != n_rows:
+        raise ValueError(f"planes have {n_total} rows, expected {n_rows}")
+    if carry:  # the last rows: pad to a row block with code 8 and zero scale and offset
+        c = carry[0]
+        pad = r_pad - at - c.codes.shape[0]
+        write(
+            np.concatenate([c.codes, np.full((pad, c.codes.shape[1]), 8, np.uint8)]),
+            np.concatenate([c.s, np.zeros((pad, c.s.shape[1]))]),
+            np.concatenate([c.z, np.zeros((pad, c.z.shape[1]))]),
+        )
+    assert packed is not None and sz is not None
+    return torch.from_numpy(packed), torch.from_numpy(sz).view(torch.bfloat16), n_rows
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """The bits of ``x`` (float64, finite) rounded to bf16 as torch's ``.to(torch.bfloat16)``
+    rounds it: to float32, then to nearest-even bf16. Numpy, so that loading runs no torch op
+    per block (each wakes torch's thread pool, which spins on a busy machine)."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor) -> torch.Tensor:

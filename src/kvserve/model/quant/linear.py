@@ -46,7 +46,8 @@ class QuantLinear(nn.Module):
         # planes() lists the high plane first: the low (or only) plane is the last one
         first = [int4.plane_rows(g, int4.n_planes(g.bits) - 1) for g in parts]
         second = [int4.plane_rows(g, 0) for g in parts if int4.n_planes(g.bits) == 2]
-        packed, sz, rows = int4.pack(itertools.chain(*first, *second))
+        n_rows = col + sum(g.n_rows for g in parts if int4.n_planes(g.bits) == 2)
+        packed, sz, rows = int4.pack(itertools.chain(*first, *second), n_rows)
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale_zero", sz, persistent=False)
         self.n_rows = rows
