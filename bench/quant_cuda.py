@@ -1,9 +1,14 @@
-"""The CUDA 4-bit GEMV (Triton) against bf16 ``F.linear`` on the linear layers of a Llama-3-8B
-decoder, batch 1: microseconds per call, weight bytes read per second and the fraction of the
-device's copy bandwidth measured in the same run (the weight-bytes roofline).
+"""The CUDA quantized GEMV (Triton, ``kvserve.model.quant.triton_gemv``) against bf16 ``F.linear``
+on the linear layers of a Llama-3-8B Q4_K_M file (Q/K/gate/up/o Q4_K; V, down, output Q6_K —
+as the synthetic Q4_K_M files store them): microseconds per call (GPU time, L2 flushed
+before each call), weight bytes read per second, and the fraction
+of the device's copy bandwidth measured in the same run (the weight-bytes roofline).
 
-    python bench/quant_cuda.py                 # needs CUDA
-    python bench/quant_cuda.py --rows 1,4,16
+    python bench/quant_cuda.py                     # needs CUDA
+    python bench/quant_cuda.py --rows 1,4,8 --sweep   # also try the GEMV configurations
+
+``--sweep`` times every (rows per program, groups per step, warps, programs per SM) of a small
+grid at batch 1 and prints the best per tensor next to the default configuration.
 """
 
 from __future__ import annotations
@@ -18,19 +23,25 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from common import print_conditions, print_table  # noqa: E402
+from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from kvserve.model.quant import triton_q4  # noqa: E402
-from kvserve.model.quant.groups import Groups  # noqa: E402
+from kvserve.model.quant import cuda_pack, triton_gemv  # noqa: E402
+from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
+from kvserve.model.synth import random_kquant  # noqa: E402
 
-# (name, out, in): Llama-3-8B with Q/K/V and gate/up fused as the loader fuses them
-SHAPES = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336),
-          ("lm_head", 128256, 4096)]
+# (name, [(format, out)], in): one module each, members fused as the loader fuses them
+LAYERS = [("qkv", [(Q.Q4_K, 4096), (Q.Q4_K, 1024), (Q.Q6_K, 1024)], 4096), ("o", [(Q.Q4_K, 4096)], 4096),
+          ("gate_up", [(Q.Q4_K, 28672)], 4096), ("down", [(Q.Q6_K, 4096)], 14336),
+          ("lm_head", [(Q.Q6_K, 128256)], 4096)]
+PER_TOKEN = {"lm_head": 1}  # every other layer runs 32 times per token
 
 
-def time_us(fn, iters: int = 50) -> float:
+def time_us(fn, rep: int = 20) -> float:
+    """Mean GPU time per call; the L2 cache is flushed before each (the weights of a decode step
+    are ~5 GB: every layer's come from memory, never from L2)."""
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=10, rep=iters)) * 1e3
+    return float(do_bench(fn, warmup=5, rep=rep)) * 1e3
 
 
 def copy_bandwidth() -> float:
@@ -38,43 +49,85 @@ def copy_bandwidth() -> float:
     a = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     us = time_us(lambda: b.copy_(a))
-    return 2 * a.numel() / (us * 1e-6)
+    del a, b
+    return 2 * (1 << 31) / (us * 1e-6)
+
+
+def random_pack(qtype: Q, n: int, k: int, rng: np.random.Generator) -> cuda_pack.Packed:
+    raw = torch.from_numpy(random_kquant(rng, (n, k), qtype, 0.05)).cuda()
+    return cuda_pack.pack(raw, qtype, k)
+
+
+def sweep(p: cuda_pack.Packed, x: torch.Tensor) -> tuple[triton_gemv.Config, float]:
+    wpg = p.gs * p.bits // 32
+    best = (triton_gemv.default_config(p, 1), float("inf"))
+    out = torch.empty((1, p.n), dtype=x.dtype, device=x.device)
+    for bn in (32, 64, 128):
+        for words in (1024, 2048, 4096):
+            gb = words // (bn * wpg)
+            if gb < 1:
+                continue
+            for warps in (4, 8):
+                for programs in (1, 2, 4, 8):
+                    cfg = triton_gemv.Config(bn, gb, warps, programs)
+                    t = time_us(lambda: triton_gemv.gemv(x, p, out, cfg=cfg), rep=5)
+                    if t < best[1]:
+                        best = (cfg, t)
+    return best
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", default="1")
+    p.add_argument("--rows", default="1,4,8")
+    p.add_argument("--sweep", action="store_true")
     args = p.parse_args()
     bw = copy_bandwidth()
-    print_conditions("CUDA 4-bit GEMV vs bf16 linear (Llama-3-8B layers)", {
+    print_conditions("CUDA quantized GEMV vs bf16 linear (Llama-3-8B Q4_K_M layers)", {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "copy bandwidth (measured)": f"{bw / 1e12:.2f} TB/s",
-        "q4 bytes": "codes 0.5 B + f16 scale and offset per 32 weights (5 bits/weight)",
-        "timing": "triton.testing.do_bench median"})
+        "bytes": "Q4_K 4.625 bits/weight (4-bit codes, u8 sub-scales/mins, f16 super-scales); "
+                 "Q6_K 8.56 (8-bit codes, i8 sub-scales, f16 super-scale)",
+        "timing": "triton.testing.do_bench mean, L2 flushed before each call"})
     rng = np.random.default_rng(0)
-    rows = []
-    tot = {"q4": 0.0, "bf16": 0.0}
-    for name, n, k in SHAPES:
-        codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
-        s = rng.uniform(1e-3, 1e-2, (n, k // 32)).astype(np.float32)
-        q, sc, of = (t.cuda() for t in triton_q4.pack(Groups(codes, s, -8 * s, 4)))
-        w = triton_q4.dequantize(q, sc, of, torch.bfloat16)
+    rows, sweep_rows = [], []
+    tot = {"quant": 0.0, "bf16": 0.0}
+    dev = torch.device("cuda")
+    for name, members, k in LAYERS:
+        packs = [random_pack(q, n, k, rng) for q, n in members]
+        mod = CudaQuantLinear(packs, None, dev)
+        w = mod.dequantized(torch.bfloat16)
+        qb = mod.weight_bytes()
+        kinds = "+".join(q.name for q, _ in members)
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            t_q = time_us(lambda: triton_q4.gemv(x, q, sc, of))
+            expect = x.float() @ w.float().T
+            err = ((mod(x).float() - expect).abs().max() / expect.abs().max()).item()
+            t_q = time_us(lambda: mod(x))
             t_b = time_us(lambda: F.linear(x, w))
-            qb = q.nbytes + sc.nbytes + of.nbytes
             if m == 1:
-                tot["q4"] += t_q * (32 if name != "lm_head" else 1)
-                tot["bf16"] += t_b * (32 if name != "lm_head" else 1)
-            rows.append([name, f"{n}x{k}", m, t_q, t_b, t_b / t_q, qb / (t_q * 1e-6) / 1e9,
-                         qb / (t_q * 1e-6) / bw, w.nbytes / (t_b * 1e-6) / bw])
-        del w
-    print_table(["layer", "shape", "rows", "q4 µs", "bf16 µs", "bf16/q4", "q4 GB/s", "q4 / roofline",
-                 "bf16 / roofline"], rows, digits=2)
-    print(f"32 layers + head at batch 1, linear layers only: q4 {tot['q4'] / 1e3:.2f} ms/token "
-          f"({1e6 / tot['q4']:.0f} tok/s bound), bf16 {tot['bf16'] / 1e3:.2f} ms/token "
-          f"({1e6 / tot['bf16']:.0f} tok/s bound)")
+                reps = PER_TOKEN.get(name, 32)
+                tot["quant"] += t_q * reps
+                tot["bf16"] += t_b * reps
+            rows.append([name, kinds, f"{w.shape[0]}x{k}", m, t_q, t_b, t_b / t_q, qb / (t_q * 1e-6) / 1e9,
+                         qb / (t_q * 1e-6) / bw, w.nbytes / (t_b * 1e-6) / bw, f"{err:.1e}"])
+        if args.sweep:
+            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+            for s in mod.segments:
+                pk = s.packed()
+                d = triton_gemv.default_config(pk, 1)
+                t_d = time_us(lambda: triton_gemv.gemv(x, pk, cfg=d))
+                cfg, t = sweep(pk, x)
+                sweep_rows.append([name, f"{pk.bits}-bit gs{pk.gs}", f"{pk.n}x{pk.k}", str(tuple(d)), t_d,
+                                   str(tuple(cfg)), t, pk.nbytes / (t * 1e-6) / bw])
+        del w, mod
+    print_table(["layer", "formats", "shape", "rows", "quant µs", "bf16 µs", "bf16/quant", "quant GB/s",
+                 "quant / roofline", "bf16 / roofline", "max rel err"], rows, digits=2)
+    print(f"\n32 layers + head at batch 1, linear layers only: quant {tot['quant'] / 1e3:.3f} ms/token "
+          f"({1e6 / tot['quant']:.0f} tok/s bound), bf16 {tot['bf16'] / 1e3:.3f} ms/token "
+          f"({1e6 / tot['bf16']:.0f} tok/s bound)\n")
+    if sweep_rows:
+        print_table(["layer", "layout", "shape", "default (bn, gb, warps, programs)", "default µs", "best",
+                     "best µs", "best / roofline"], sweep_rows, digits=2)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The CUDA 4-bit kernels (Triton), run by Triton's interpreter on the CPU against the torch
-reference: the dequantizing GEMV (split over K, atomics), the dequantize kernel, the module."""
+"""The CUDA weight layouts and kernels (Triton), run by Triton's interpreter on the CPU against
+the torch reference: repacking loses nothing (gguf's own dequantizer, bit for bit), the
+dequantizing GEMV (batch rows, K slices, masked edges), the dequantize kernel, the module."""
 
 from __future__ import annotations
 
@@ -17,45 +18,130 @@ if os.environ["TRITON_INTERPRET"] != "1" and not torch.cuda.is_available():
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import dequantize as np_dequantize  # noqa: E402
 
-from kvserve.model.quant import triton_q4 as T  # noqa: E402
-from kvserve.model.quant.cuda_linear import Q4Linear  # noqa: E402
-from kvserve.model.quant.groups import to_groups  # noqa: E402
+from kvserve.model.quant import cuda_pack as P  # noqa: E402
+from kvserve.model.quant import triton_gemv as T  # noqa: E402
+from kvserve.model.quant.build import RawTensor, fuse_groups, path_of  # noqa: E402
+from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
 
 from .test_quant import random_blocks  # noqa: E402
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda q: q.name)
-def test_layout_holds_the_gguf_weights(qtype):
-    raw = random_blocks(qtype, 40, 256, seed=11)
-    q, s, o = T.pack(to_groups(raw, qtype, (40, 256)))
+def packed(qtype: Q, n: int, k: int, seed: int = 0) -> P.Packed:
+    return P.pack(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)).to(DEV), qtype, k)
+
+
+@pytest.mark.parametrize("qtype", list(P.FORMATS), ids=lambda q: q.name)
+def test_repack_reproduces_gguf_dequantizer_exactly(qtype):
+    n, k = 24, 512
+    raw = random_blocks(qtype, n, k, seed=5)
+    p = P.pack(torch.from_numpy(raw), qtype, k)
     ref = torch.from_numpy(np_dequantize(raw, qtype))
-    w = T.reference(q, s, o)  # only the f16 rounding of scale and offset
-    assert ((w - ref).abs() <= ref.abs().amax(1, keepdim=True) * 2**-9).all()
+    assert torch.equal(P.reference(p), ref)  # equal as numbers (up to the sign of zero)
+    bits = P.FORMATS[qtype][0]
+    assert p.q.dtype == torch.int32 and p.q.shape == (n, k * bits // 32)
+    assert p.nbytes * 8 / (n * k) <= bits + 1.0  # codes + scales, nothing dequantized
+    assert int(P.codes(p).max()) < 2**bits
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_gemv_and_dequantize_match_the_reference(split_k):
-    rng = np.random.default_rng(12)
-    n, k = 80, 768  # n not a multiple of the block: masked rows
-    raw = random_blocks(Q.Q4_K, n, k, seed=13)
-    q, s, o = (t.to(DEV) for t in T.pack(to_groups(raw, Q.Q4_K, (n, k))))
-    w = T.reference(q, s, o)
-    x = torch.from_numpy(rng.standard_normal((2, k)).astype(np.float32)).to(DEV)
-    y = T.gemv(x, q, s, o, block_n=32, block_k=128, split_k=split_k)
-    expect = x @ w.T
-    assert torch.allclose(y, expect, rtol=1e-4, atol=1e-4 * expect.abs().max().item())
-    assert torch.equal(T.dequantize(q, s, o, torch.float32), w)
+def test_word_layout_puts_one_slot_of_a_group_on_consecutive_columns():
+    p = packed(Q.Q4_0, 2, 64)
+    u = P.codes(p)
+    w0 = int(p.q[0, 0]) & 0xFFFFFFFF  # word 0 of group 0: columns 0, 4, 8, … 28 (wpg = 4)
+    assert [(w0 >> (4 * i)) & 0xF for i in range(8)] == [int(u[0, 4 * i]) for i in range(8)]
 
 
-def test_module_fuses_parts_and_adds_bias():
+# (format, rows, cols): rows across the 64-row block, groups not a multiple of the group tile
+CASES = [(Q.Q4_K, 80, 768), (Q.Q6_K, 40, 512), (Q.Q4_0, 33, 96), (Q.Q8_0, 17, 160), (Q.Q5_K, 20, 512),
+         (Q.Q4_1, 24, 64), (Q.Q5_0, 9, 96), (Q.Q5_1, 12, 64)]
+
+
+@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_gemv_matches_the_reference(qtype, n, k):
+    p = packed(qtype, n, k, seed=7)
+    w = P.reference(p)
+    gen = torch.Generator().manual_seed(1)
+    for m, cfg in [(1, None), (3, T.Config(16, 2, 4, 64)), (8, T.Config(32, 1, 4, 1)), (9, None)]:
+        x = torch.randn(m, k, generator=gen).to(DEV)
+        bias = torch.randn(n, generator=gen).to(DEV)
+        y = T.gemv(x, p, bias=bias, cfg=cfg)
+        expect = x @ w.T + bias
+        assert y.dtype == x.dtype and y.shape == (m, n)
+        assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item()), (m, cfg)
+
+
+def test_gemv_k_slices_are_summed_once():
+    p = packed(Q.Q4_K, 16, 2048, seed=8)
+    cfg = T.Config(16, 1, 4, 64)
+    assert T.split_of(p, cfg, DEV)[0] > 1
+    x = torch.randn(2, 2048).to(DEV)
+    assert torch.allclose(T.gemv(x, p, cfg=cfg), T.gemv(x, p, cfg=T.Config(16, 8, 4, 0)), rtol=1e-5, atol=1e-4)
+
+
+def test_gemv_writes_bf16_into_a_column_slice():
+    p = packed(Q.Q4_K, 32, 256, seed=9)
+    x = torch.randn(2, 256).to(DEV).to(torch.bfloat16)
+    out = torch.zeros(2, 80, dtype=torch.bfloat16, device=DEV)
+    T.gemv(x, p, out[:, 40:72])
+    expect = x.float() @ P.reference(p).T
+    assert (out[:, :40] == 0).all() and (out[:, 72:] == 0).all()
+    assert torch.allclose(out[:, 40:72].float(), expect, rtol=2e-2, atol=2e-2 * expect.abs().max().item())
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K, Q.Q4_1, Q.Q8_0], ids=lambda q: q.name)
+def test_dequantize_kernel_is_exact(qtype):
+    p = packed(qtype, 40, 768 if qtype != Q.Q4_1 else 96, seed=10)
+    assert torch.equal(T.dequantize(p, dtype=torch.float32), P.reference(p))
+
+
+def test_module_fuses_mixed_formats_in_member_order():
     k = 256
-    raws = [(random_blocks(q, n, k, seed=i), q, n) for i, (q, n) in enumerate([(Q.Q4_0, 32), (Q.Q4_K, 48)])]
-    groups = [to_groups(r, q, (n, k)) for r, q, n in raws]
-    bias = torch.randn(80)
-    mod = Q4Linear(groups, bias, DEV)
-    x = torch.randn(3, k, device=DEV)
-    w = torch.cat([T.reference(*T.pack(g)) for g in groups]).to(DEV)
-    expect = x @ w.T + bias.to(DEV)
-    assert torch.allclose(mod(x), expect, rtol=1e-4, atol=1e-4 * expect.abs().max().item())
+    specs = [(Q.Q4_K, 32), (Q.Q6_K, 16), (Q.Q4_K, 24)]  # Q4_K, Q6_K, Q4_K: segments reorder columns
+    packs = [packed(q, n, k, seed=i) for i, (q, n) in enumerate(specs)]
+    bias = torch.randn(72)
+    mod = CudaQuantLinear(packs, bias, DEV)
+    assert len(mod.segments) == 2 and mod.perm is not None
+    assert sorted(p for p, _, _ in mod.summary()) == ["q4-cuda", "q8-cuda"]
+    w = torch.cat([P.reference(p) for p in packs])
+    for m in (3, 12):  # GEMV, then dequantize + GEMM
+        x = torch.randn(m, k, device=DEV)
+        expect = x @ w.T + bias.to(DEV)
+        tol = 1e-4 if m <= 8 else 2e-2  # the GEMM runs on bf16 inputs
+        assert torch.allclose(mod(x), expect, rtol=tol, atol=tol * expect.abs().max().item()), m
+
+
+def test_cuda_paths_fuse_q4_and_q6_members():
+    cuda = torch.device("cuda")
+    raws = {f"blk.0.attn.{c}": RawTensor(np.zeros(1, np.uint8), q, (n, 256))
+            for c, q, n in [("q", Q.Q4_K, 64), ("k", Q.Q4_K, 16), ("v", Q.Q6_K, 16)]}
+    assert {path_of(t, cuda) for t in raws.values()} == {"cuda-quant"}
+    assert fuse_groups(raws, cuda) == [("blk.0.attn.qkv", list(raws))]
+    assert path_of(RawTensor(np.zeros(1, np.uint8), Q.Q3_K, (16, 256)), cuda) == "dense"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the loader's CUDA layout needs a GPU")
+def test_cuda_quantized_model_follows_its_dense_twin(tmp_path):
+    """A Q4_K_M file loaded quantized on CUDA (Q4_K and Q6_K members fused, decode steps in CUDA
+    graphs) against the same file dequantized to bf16: prefill (dequantize + GEMM) and decode."""
+    from kvserve.model.loader import load_gguf
+    from kvserve.model.runner import ModelRunner
+    from kvserve.model.synth import SynthSpec, write_random_gguf
+    from kvserve.plan import Plan, SeqChunk
+
+    spec = SynthSpec(arch="llama", qtype="Q4_K_M", n_embd=256, n_ff=512, head_dim=64, n_vocab=700)
+    path = write_random_gguf(str(tmp_path / "m.gguf"), spec)
+    quant, dense = load_gguf(path, dtype=torch.bfloat16, device="cuda", weights="quant"), \
+        load_gguf(path, dtype=torch.bfloat16, device="cuda", weights="dense")
+    assert quant.weight_bytes < dense.weight_bytes * 0.6
+    assert set(quant.summary.as_dict()) == {"q4-cuda", "q8-cuda", "dense"}  # dense: the embedding table
+    qkv = quant.model.layers[0].attn.qkv
+    assert isinstance(qkv, CudaQuantLinear) and len(qkv.segments) == 2
+    runners = [ModelRunner(m, n_pages=8, max_batch=4) for m in (quant, dense)]
+    ids = tuple(range(5, 45))
+    outs = [r.run(Plan((SeqChunk(0, ids, 0, (0, 1, 2, 3), "all"),))).logits[0].float() for r in runners]
+    for pos in range(40, 44):
+        plan = Plan((SeqChunk(0, (7 + pos,), pos, (0, 1, 2, 3), "last"),))
+        outs = [torch.cat([o, r.run(plan).logits[0].float()]) for o, r in zip(outs, runners)]
+    q, d = outs
+    assert (q - d).abs().max().item() <= 0.05 * d.abs().max().item()

@@ -26,7 +26,7 @@ from .config import ModelConfig, UnsupportedModelError, config_from_metadata
 from .fuse import fuse_dense
 from .gguf_meta import read_gguf
 from .quant import dequantize
-from .quant.build import RawTensor, WeightSummary, fuse_groups, linear
+from .quant.build import RawTensor, WeightSummary, add_to_summary, dense_on, fuse_groups, linear
 from .quant.embedding import QuantEmbedding
 
 # GGUF tensor-name suffix → module parameter path inside a block.
@@ -184,6 +184,9 @@ def load_gguf(
         mod = pname.rpartition(".")[0]
         if weights == "quant" and pname.endswith(".weight") and (mod in linears or mod == "embed"):
             raws[mod] = RawTensor(t.data, t.tensor_type, (shape[0], shape[1]))
+        elif len(shape) == 2:
+            raw = RawTensor(t.data, t.tensor_type, (shape[0], shape[1]))
+            state[pname] = dense_on(raw, device, dtype)
         else:
             state[pname] = dequantize(t.data, t.tensor_type, shape).to(device=device, dtype=dtype)
         if bar is not None:
@@ -234,7 +237,7 @@ def _repack(
         tensors = [raws[m] for m in members]
         biases = [None if (b := state.pop(f"{m}.bias", None)) is None else b.float().cpu() for m in members]
         mod = linear(tensors, biases, on)
-        summary.add(mod.path, tensors, mod.weight_bytes())
+        add_to_summary(summary, mod, tensors)
         for m in members:
             parent, _, leaf = m.rpartition(".")
             delattr(model.get_submodule(parent), leaf)
@@ -242,13 +245,13 @@ def _repack(
         setattr(model.get_submodule(parent), leaf, mod)
     if cfg.tied_embeddings:  # the output head multiplies by the embedding matrix: give it a fast layout
         head = linear([embed], [None], on)
-        summary.add(head.path, [embed], head.weight_bytes())
+        add_to_summary(summary, head, [embed])
         model.lm_head = head
     if on is None:
         model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape)
         summary.add("rows", [embed], model.embed.weight_bytes())
     else:
-        w = dequantize(embed.data, embed.qtype, embed.shape).to(device=device, dtype=dtype)
+        w = dense_on(embed, device, dtype)
         state["embed.weight"] = w
         summary.add("dense", [embed], w.nbytes)
     return summary

@@ -1,9 +1,10 @@
 """Choose a layout per GGUF weight and build the modules that run it.
 
-    int4   Q4_0 Q4_1 Q4_K (one plane), Q5_0 Q5_1 Q5_K Q8_0 (two planes)   → QuantLinear
-    dense  every other type (Q6_K, Q2_K, Q3_K, IQ*, F16, BF16 …)          → DenseLinear, bf16
-           (float32 where the file stores float32)
-    rows   token embeddings: the GGUF bytes, rows dequantized on gather  → QuantEmbedding
+    int4        CPU: Q4_0 Q4_1 Q4_K (one plane), Q5_0 Q5_1 Q5_K Q8_0 (two planes) → QuantLinear
+    cuda-quant  CUDA: Q4_0 Q4_1 Q4_K (4-bit codes), Q5_* Q6_K Q8_0 (8-bit codes)  → CudaQuantLinear
+    dense       every other type (CPU: also Q6_K; Q2_K, Q3_K, IQ*, F16, BF16 …) → DenseLinear, bf16
+                (float32 where the file stores float32)
+    rows        CPU token embeddings: the GGUF bytes, rows dequantized on gather → QuantEmbedding
 
 Tensors that share an input (Q/K/V, gate/up) are fused into one module when they all take the
 same path, so that one kernel call serves them.
@@ -19,6 +20,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
+from . import cuda_pack
 from .dequant import dequantize
 from .groups import GROUP, GROUPED, GGUFGroups
 from .linear import DenseLinear, QuantLinear
@@ -37,14 +39,11 @@ class RawTensor(NamedTuple):
         return int(self.data.nbytes)
 
 
-CUDA_Q4 = (Q.Q4_0, Q.Q4_1, Q.Q4_K)  # 4-bit codes: the Triton kernels' layout
-
-
 def path_of(t: RawTensor, device: torch.device | None = None) -> str:
+    if device is not None and device.type == "cuda":
+        return "cuda-quant" if cuda_pack.supported(t.qtype, t.shape[1]) else "dense"
     if t.shape[1] % GROUP:
         return "dense"
-    if device is not None and device.type == "cuda":
-        return "q4-triton" if t.qtype in CUDA_Q4 else "dense"
     return "int4" if t.qtype in GROUPED else "dense"
 
 
@@ -58,15 +57,39 @@ def linear(
     path = path_of(weights[0], device)
     if path == "int4":
         return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape) for w in weights], bias)
-    if path == "q4-triton":
-        from .cuda_linear import Q4Linear  # imports triton: only on CUDA
+    if path == "cuda-quant":
+        from .cuda_linear import CudaQuantLinear  # imports triton: only on CUDA
 
-        return Q4Linear([GGUFGroups.of(w.data, w.qtype, w.shape).rows(0, w.shape[0]) for w in weights], bias,
-                        device)  # type: ignore[arg-type]
+        assert device is not None
+        packs = [cuda_pack.pack(_raw_on(w, device), w.qtype, w.shape[1]) for w in weights]
+        return CudaQuantLinear(packs, bias, device)
     mats = [dequantize(w.data, w.qtype, w.shape) for w in weights]
     dtype = torch.float32 if all(w.qtype == Q.F32 for w in weights) else torch.bfloat16
     mod = DenseLinear(torch.cat(mats).to(dtype), bias)
     return mod if device is None else mod.to(device)
+
+
+def _raw_on(t: RawTensor, device: torch.device) -> torch.Tensor:
+    """The tensor's GGUF bytes as u8 [rows, bytes per row] on ``device`` (repacked there)."""
+    raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(t.shape[0], -1)
+    return torch.from_numpy(raw if raw.flags.writeable else raw.copy()).to(device)
+
+
+def dense_on(t: RawTensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantized matrix on ``device``: on CUDA computed there for the formats it packs."""
+    if device.type == "cuda" and cuda_pack.supported(t.qtype, t.shape[1]):
+        return cuda_pack.dequantize(_raw_on(t, device), t.qtype, t.shape[1], dtype)
+    return dequantize(t.data, t.qtype, t.shape).to(device=device, dtype=dtype)
+
+
+def add_to_summary(summary: WeightSummary, mod: nn.Module, tensors: list[RawTensor]) -> None:
+    """Record ``mod`` (built from ``tensors``) per path: a CUDA module may hold several."""
+    parts = getattr(mod, "summary", None)
+    if parts is None:
+        summary.add(mod.path, tensors, mod.weight_bytes())  # type: ignore[arg-type]
+        return
+    for path, members, nbytes in parts():
+        summary.add(path, [tensors[i] for i in members], nbytes)
 
 
 class WeightSummary:

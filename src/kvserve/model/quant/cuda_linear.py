@@ -1,4 +1,11 @@
-"""``Q4Linear``: 4-bit grouped weights (Q4_0, Q4_1, Q4_K) kept quantized on CUDA."""
+"""``CudaQuantLinear``: GGUF weights kept in their codes on CUDA (``cuda_pack`` layouts).
+
+Tensors sharing an input (Q/K/V, gate/up) form one module even when their formats differ (a
+Q4_K_M file stores V as Q6_K next to Q4_K Q and K): members of one layout are concatenated into
+one segment, and each segment's kernel writes its columns of the shared output. Up to
+``GEMV_MAX_ROWS`` rows run the dequantizing GEMV (cost ∝ weight bytes, once for all rows); above
+it every segment is dequantized into one bf16 matrix for a cuBLAS GEMM (prefill).
+"""
 
 from __future__ import annotations
 
@@ -8,41 +15,81 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import triton_q4
-from .groups import Groups
+from . import triton_gemv
+from .cuda_pack import Packed, cat
 
-# Up to this many rows the dequantizing GEMV (cost ∝ rows) beats dequantize + cuBLAS GEMM.
 GEMV_MAX_ROWS = 8
+_FIELDS = ("q", "s", "o", "d", "dm")
 
 
-class Q4Linear(nn.Module):
-    """y = x @ W.T + b with W = the row-wise concatenation of ``parts`` (4-bit groups)."""
+class _Segment(nn.Module):
+    """One ``Packed`` matrix as buffers (rows ``col`` … ``col + n`` of the module's output)."""
 
-    path = "q4-triton"
-
-    def __init__(self, parts: Sequence[Groups], bias: torch.Tensor | None, device: torch.device) -> None:
+    def __init__(self, p: Packed, col: int, members: list[int]) -> None:
         super().__init__()
-        packs = [triton_q4.pack(g) for g in parts]
-        self.register_buffer("q", torch.cat([p[0] for p in packs]).to(device), persistent=False)
-        self.register_buffer("s", torch.cat([p[1] for p in packs]).to(device), persistent=False)
-        self.register_buffer("o", torch.cat([p[2] for p in packs]).to(device), persistent=False)
-        self.register_buffer("bias", None if bias is None else bias.float().to(device), persistent=False)
-        self.out_features, self.in_features = self.q.shape[0], self.q.shape[1] * 2
+        for name, t in zip(_FIELDS, p[:5]):
+            self.register_buffer(name, t, persistent=False)
+        self.bits, self.gs, self.zero = p.bits, p.gs, p.zero
+        self.col, self.n, self.members = col, p.n, members
+
+    def packed(self) -> Packed:
+        return Packed(self.q, self.s, self.o, self.d, self.dm, self.bits, self.gs, self.zero)
+
+
+class CudaQuantLinear(nn.Module):
+    """y = x @ W.T + b with W = the row-wise concatenation of ``parts``."""
+
+    path = "cuda-quant"
+
+    def __init__(self, parts: Sequence[Packed], bias: torch.Tensor | None, device: torch.device) -> None:
+        super().__init__()
+        k = parts[0].k
+        assert all(p.k == k for p in parts)
+        offsets = [sum(p.n for p in parts[:i]) for i in range(len(parts))]
+        by_layout: dict[tuple, list[int]] = {}
+        for i, p in enumerate(parts):
+            by_layout.setdefault(p.layout, []).append(i)
+        segs = []
+        order = []  # output columns: members of each segment, side by side
+        for idx in by_layout.values():
+            segs.append(_Segment(cat([parts[i].to(device) for i in idx]), len(order), idx))
+            for i in idx:
+                order.extend(range(offsets[i], offsets[i] + parts[i].n))
+        self.segments = nn.ModuleList(segs)
+        self.in_features, self.out_features = k, len(order)
+        # columns come out grouped by segment; ``perm`` restores the members' order (None: identity)
+        perm = torch.tensor(order)
+        self.perm = None if torch.equal(perm, torch.arange(len(order))) else torch.argsort(perm).to(device)
+        if bias is not None:
+            bias = bias.float()[perm].to(device)
+        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        if x2.shape[0] <= GEMV_MAX_ROWS:
-            y = triton_q4.gemv(x2, self.q, self.s, self.o)
+        x2 = x.reshape(-1, self.in_features).contiguous()
+        m = x2.shape[0]
+        if m <= GEMV_MAX_ROWS:
+            y = torch.empty((m, self.out_features), dtype=x.dtype, device=x.device)
+            for s in self.segments:
+                b = None if self.bias is None else self.bias[s.col : s.col + s.n]
+                triton_gemv.gemv(x2, s.packed(), y[:, s.col : s.col + s.n], b)
         else:
-            w = triton_q4.dequantize(self.q, self.s, self.o, torch.bfloat16)
-            y = F.linear(x2.to(torch.bfloat16), w)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+            w = self.dequantized(torch.bfloat16)
+            y = F.linear(x2.to(torch.bfloat16), w, None if self.bias is None else self.bias.to(torch.bfloat16))
+            y = y.to(x.dtype)
+        if self.perm is not None:
+            y = y[:, self.perm]
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights [out, in] in the kernels' column order (before ``perm``)."""
+        w = torch.empty((self.out_features, self.in_features), dtype=dtype, device=self.segments[0].q.device)
+        for s in self.segments:
+            triton_gemv.dequantize(s.packed(), w[s.col : s.col + s.n])
+        return w
 
     def weight_bytes(self) -> int:
-        bias = 0 if self.bias is None else self.bias.nbytes
-        return sum(t.nbytes for t in (self.q, self.s, self.o)) + bias
+        return sum(s.packed().nbytes for s in self.segments) + (0 if self.bias is None else self.bias.nbytes)
 
-    def dequantized(self) -> torch.Tensor:
-        return triton_q4.reference(self.q, self.s, self.o)
+    def summary(self) -> list[tuple[str, list[int], int]]:
+        """(path, member indices, bytes) per segment, for the load log line."""
+        return [(f"q{s.bits}-cuda", s.members, s.packed().nbytes) for s in self.segments]
