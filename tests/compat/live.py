@@ -38,9 +38,9 @@ class LiveServer:
 
 
 def start_server(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
-                 health: str = "/health") -> LiveServer:
+                 health: str = "/health", port: int | None = None) -> LiveServer:
     """``health``: the path polled until it answers 200 (``/PREFIX/health`` with --api-prefix)."""
-    port = free_port()
+    port = port if port is not None else free_port()
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "kvserve", "--host", "127.0.0.1", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

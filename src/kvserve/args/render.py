@@ -206,6 +206,9 @@ def render_compat() -> str:
     from kvserve.server.chat_parsing.compat import COMPAT_SECTION as CHAT_SECTION
 
     out.append(CHAT_SECTION)
+    from kvserve.server.compat_apis import COMPAT_SECTION as APIS_SECTION
+
+    out.append(APIS_SECTION)
     return "".join(out)
 
 
