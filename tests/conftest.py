@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from kvserve.model.files import default_model_path, gemma3_270m_path
-from kvserve.model.gguf_meta import read_metadata_file
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (kvserve/__main__.py)
+
+import torch  # noqa: E402
+
+from kvserve.model.files import default_model_path, gemma3_270m_path  # noqa: E402
+from kvserve.model.gguf_meta import read_metadata_file  # noqa: E402
 
 # Outputs recorded from the real llama-server (see tests/golden/README.md).
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"

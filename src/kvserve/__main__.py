@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
-import threading
-from typing import Any
 
-from .config import Config, ConfigError, load_config
+# torch's CPU thread pool (OpenMP) waits for work asleep rather than spinning. Where other
+# processes share the cores (or the host shares a VM's vCPUs), spinning workers burn the time
+# slices the busy ones need: on a loaded 2-vCPU VM, SmolLM2 decode went from under 1 tok/s
+# to 25-45 tok/s (bench/wait_policy.py). Set before torch loads libgomp; a value the user set wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from typing import Any  # noqa: E402
+
+from .config import Config, ConfigError, load_config  # noqa: E402
 
 
 def _log_level(verbosity: int) -> int:
