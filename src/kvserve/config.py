@@ -85,6 +85,7 @@ class ServerConfig:
     ui_settings: Any = None  # --ui-config(-file) JSON, as given; /props shows it (None: {})
     prefill_assistant: bool = True
     reuse_port: bool = False
+    mcp_proxy: bool = False  # --ui-mcp-proxy or -ag: GET/POST /cors-proxy forwards requests
     # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
     unsupported_features: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # --grammar/--grammar-file/-j/-jf: the grammar of every request that sets none
@@ -371,6 +372,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         reasoning_budget=v["reasoning_budget"], reasoning_budget_message=v["reasoning_budget_message"] or "",
         ui=v["ui"], static_path=static_path, ui_settings=ui_settings,
         prefill_assistant=v["prefill_assistant"], reuse_port=v["reuse_port"],
+        mcp_proxy=bool(v["ui_mcp_proxy"] or v["agent"]),
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
         grammar_default=_grammar_default(v),
     )

@@ -113,7 +113,7 @@ def props_body(engine: EngineAPI, s: ServerSettings) -> dict[str, Any]:
         "eos_token": str(getattr(tok, "eos_token", "") or ""),
         "build_info": s.build_info,
         "is_sleeping": False,
-        "cors_proxy_enabled": False,
+        "cors_proxy_enabled": s.mcp_proxy,
         **_cache_props(engine),
     }
 

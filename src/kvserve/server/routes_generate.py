@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kvserve.server import embeddings
+from kvserve.server import cors_proxy, embeddings
 from kvserve.server.completions import Kind, handle
 from kvserve.server.errors import disabled_endpoint, unsupported_feature
 from kvserve.server.jsonio import JSONResponse, read_object
@@ -19,6 +19,10 @@ from kvserve.server.schemas import (
     ResponsesRequest,
     doc_body,
 )
+
+
+def feature_disabled() -> Response:
+    return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}}, 403)
 
 
 def make_router(prefix: str) -> APIRouter:
@@ -81,17 +85,19 @@ def make_router(prefix: str) -> APIRouter:
                 raise unsupported_feature("/rerank", why)
             raise disabled_endpoint("reranking", "--reranking")
 
-    # Agent endpoints: 403 when not enabled, as in llama-server; 400 when a flag asked for them.
-    for path, feature in (("/tools", "tools"), ("/cors-proxy", "mcp_proxy")):
-        def bind(path: str = path, feature: str = feature):  # noqa: ANN202
-            async def agent_endpoint(request: Request) -> Response:
-                why = request.app.state.settings.unsupported_features.get(feature)
-                if why is not None:
-                    raise unsupported_feature(path, why)
-                body = {"error": {"message": "this feature is disabled", "type": "feature_disabled"}}
-                return JSONResponse(body, 403)
-            return agent_endpoint
+    # Agent endpoints: 403 when not enabled, as in llama-server; /tools is a 400 when a flag asked for it.
+    async def tools_endpoint(request: Request) -> Response:
+        why = request.app.state.settings.unsupported_features.get("tools")
+        if why is not None:
+            raise unsupported_feature("/tools", why)
+        return feature_disabled()
 
-        r.add_api_route(path, bind(), methods=["GET", "POST"], include_in_schema=False)
+    async def cors_proxy_endpoint(request: Request) -> Response:
+        if not request.app.state.settings.mcp_proxy:
+            return feature_disabled()
+        return await cors_proxy.proxy(request)
+
+    r.add_api_route("/tools", tools_endpoint, methods=["GET", "POST"], include_in_schema=False)
+    r.add_api_route("/cors-proxy", cors_proxy_endpoint, methods=["GET", "POST"], include_in_schema=False)
 
     return r
