@@ -12,28 +12,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import triton_gemv
 from .cuda_pack import Packed, cat
 
 GEMV_MAX_ROWS = 8
-_FIELDS = ("q", "s", "o", "d", "dm")
+
 
 
 class _Segment(nn.Module):
-    """One ``Packed`` matrix as buffers (rows ``col`` … ``col + n`` of the module's output)."""
+    """One ``Packed`` matrix as buffers (columns ``col`` … ``col + n`` of the module's output)."""
 
     def __init__(self, p: Packed, col: int, members: list[int]) -> None:
         super().__init__()
-        for name, t in zip(_FIELDS, p[:5]):
-            self.register_buffer(name, t, persistent=False)
-        self.bits, self.gs, self.zero = p.bits, p.gs, p.zero
+        self.register_buffer("q", p.q, persistent=False)
+        self.register_buffer("gw", p.gw, persistent=False)
+        self.register_buffer("sw", p.sw, persistent=False)
+        self.fields = p[3:]
+        self.bits = p.bits
         self.col, self.n, self.members = col, p.n, members
 
     def packed(self) -> Packed:
-        return Packed(self.q, self.s, self.o, self.d, self.dm, self.bits, self.gs, self.zero)
+        return Packed(self.q, self.gw, self.sw, *self.fields)
 
 
 class CudaQuantLinear(nn.Module):
@@ -73,18 +74,19 @@ class CudaQuantLinear(nn.Module):
                 b = None if self.bias is None else self.bias[s.col : s.col + s.n]
                 triton_gemv.gemv(x2, s.packed(), y[:, s.col : s.col + s.n], b)
         else:
-            w = self.dequantized(torch.bfloat16)
-            y = F.linear(x2.to(torch.bfloat16), w, None if self.bias is None else self.bias.to(torch.bfloat16))
+            y = x2.to(torch.bfloat16) @ self.dequantized_t(torch.bfloat16)
+            if self.bias is not None:
+                y = y + self.bias
             y = y.to(x.dtype)
         if self.perm is not None:
             y = y[:, self.perm]
         return y.view(*x.shape[:-1], self.out_features)
 
-    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weights [out, in] in the kernels' column order (before ``perm``)."""
-        w = torch.empty((self.out_features, self.in_features), dtype=dtype, device=self.segments[0].q.device)
+    def dequantized_t(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights transposed, [in, out], in the kernels' column order (before ``perm``)."""
+        w = torch.empty((self.in_features, self.out_features), dtype=dtype, device=self.segments[0].q.device)
         for s in self.segments:
-            triton_gemv.dequantize(s.packed(), w[s.col : s.col + s.n])
+            triton_gemv.dequantize_t(s.packed(), w[:, s.col : s.col + s.n])
         return w
 
     def weight_bytes(self) -> int:

@@ -5,23 +5,28 @@ Every format below is, per group of ``gs`` consecutive weights of a row, unsigne
 
     w = (u − zero) · scale + offset
 
-    format  bits gs  zero  scale                 offset                  file bits/weight → here
-    Q4_0    4    32  8     d                     —                       4.5  → 4.5
+    format  bits gs  zero  scale                 offset                  bits/weight: file → here
+    Q4_0    4    32  8     d                     —                       4.5  → 5.0
     Q4_1    4    32  0     d                     m                       5.0  → 5.0
-    Q4_K    4    32  0     D·sc   (sc: u8)       Dm·mn  (mn: u8)          4.5  → 4.625
-    Q5_0    8    32  16    d                     —                       5.5  → 8.5
+    Q4_K    4    32  0     D·sc   (sc: u6)       Dm·mn  (mn: u6)          4.5  → 5.125
+    Q5_0    8    32  16    d                     —                       5.5  → 9.0
     Q5_1    8    32  0     d                     m                       6.0  → 9.0
-    Q5_K    8    32  0     D·sc                  Dm·mn                   5.5  → 8.625
-    Q6_K    8    16  32    D·sc   (sc: i8)       —                       6.56 → 8.56
-    Q8_0    8    32  128   d                     —                       8.5  → 8.5
+    Q5_K    8    32  0     D·sc                  Dm·mn                   5.5  → 9.125
+    Q6_K    8    16  32    D·sc   (sc: i8)       —                       6.56 → 9.125
+    Q8_0    8    32  128   d                     —                       8.5  → 9.0
 
 d, m: f16 per group; D, Dm (= −dmin): f16 per 256 weights (``two_level``). The scales are kept
-as the file stores them (f16 and 6-/8-bit integers), so ``reference`` — computed in float32 in
-the order gguf computes — reproduces gguf's own dequantizer bit for bit: nothing is rounded.
+as the file stores them (f16 and small integers), so ``reference`` — computed in float32 in the
+order gguf computes — reproduces gguf's own dequantizer bit for bit: nothing is rounded.
 
-Codes: int32 words [N, K·bits/32]. A group is ``wpg = gs·bits/32`` consecutive words; slot i
-(bits·i … bits·i+bits−1) of word w of group g holds column g·gs + i·wpg + w, so that one slot of
-a group's words meets ``wpg`` consecutive activations (one vector load).
+Layout, K-major so that a GEMV program reads every tensor as rows of consecutive output columns
+(16-byte loads, one register layout for all of them):
+
+    q   int32 [k·bits/32, n]   word row g·wpg + w (wpg = gs·bits/32) of group g holds, in its
+                               slot i (bits i·bits …), the code of column k = g·gs + i·wpg + w
+    gw  int32 [k/gs/sub, n]    per group: low 16 bits d (f16 bits) or sc, high 16 bits m or mn;
+                               Q6_K (sub = 2): the i8 sc of two consecutive groups
+    sw  int32 [k/256, n]       two_level only: low 16 bits D, high 16 bits Dm (f16 bits)
 """
 
 from __future__ import annotations
@@ -48,38 +53,40 @@ SUPER = 256  # weights per K-quant super-block (D, Dm)
 class Packed(NamedTuple):
     """One weight matrix [n, k] in the kernels' layout (all tensors on one device)."""
 
-    q: torch.Tensor  # int32 [n, k·bits/32]
-    s: torch.Tensor  # f16 [n, k/gs] (d), or u8/i8 [n, k/gs] (sc) when two_level
-    o: torch.Tensor | None  # like s: f16 m, or u8 mn; None: no offset
-    d: torch.Tensor | None  # f16 [n, k/256]: D (two_level only)
-    dm: torch.Tensor | None  # f16 [n, k/256]: Dm = −dmin (two_level with offset)
+    q: torch.Tensor  # int32 [k·bits/32, n]
+    gw: torch.Tensor  # int32 [k/gs/sub, n]
+    sw: torch.Tensor | None  # int32 [k/256, n] (two_level)
     bits: int
     gs: int
     zero: int
+    has_o: bool  # an offset field (high half of gw)
+    signed: bool  # integer sub-scales are i8 (Q6_K), else u8
+    sub: int  # groups per gw entry: 2 for Q6_K, else 1
 
     @property
     def n(self) -> int:
-        return int(self.q.shape[0])
+        return int(self.q.shape[1])
 
     @property
     def k(self) -> int:
-        return int(self.q.shape[1]) * 32 // self.bits
+        return int(self.q.shape[0]) * 32 // self.bits
 
     @property
     def two_level(self) -> bool:
-        return self.d is not None
+        return self.sw is not None
 
     @property
-    def layout(self) -> tuple[int, int, int, bool, bool, torch.dtype]:
+    def layout(self) -> tuple:
         """What one kernel compilation serves: tensors of equal layouts can be concatenated."""
-        return (self.bits, self.gs, self.zero, self.two_level, self.o is not None, self.s.dtype)
+        return (self.bits, self.gs, self.zero, self.two_level, self.has_o, self.signed, self.sub)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.q, self.s, self.o, self.d, self.dm) if t is not None)
+        return sum(t.nbytes for t in (self.q, self.gw, self.sw) if t is not None)
 
     def to(self, device: torch.device) -> Packed:
-        return Packed(*(t.to(device) if isinstance(t, torch.Tensor) else t for t in self))
+        return self._replace(q=self.q.to(device), gw=self.gw.to(device),
+                             sw=None if self.sw is None else self.sw.to(device))
 
 
 def supported(qtype: Q, k: int) -> bool:
@@ -87,12 +94,13 @@ def supported(qtype: Q, k: int) -> bool:
 
 
 def cat(parts: list[Packed]) -> Packed:
-    """Row-wise concatenation of packs of one layout."""
+    """Concatenation of packs of one layout along the output dimension."""
     assert len({p.layout for p in parts}) == 1
     if len(parts) == 1:
         return parts[0]
-    fields = [None if parts[0][i] is None else torch.cat([p[i] for p in parts]) for i in range(5)]
-    return Packed(*fields, parts[0].bits, parts[0].gs, parts[0].zero)  # type: ignore[arg-type]
+    sw = None if parts[0].sw is None else torch.cat([p.sw for p in parts], dim=1)  # type: ignore[misc]
+    return parts[0]._replace(q=torch.cat([p.q for p in parts], dim=1), gw=torch.cat([p.gw for p in parts], dim=1),
+                             sw=sw)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -160,13 +168,31 @@ def _decode(b: torch.Tensor, qtype: Q) -> tuple[torch.Tensor, ...]:
 
 
 def _words(u: torch.Tensor, bits: int, gs: int) -> torch.Tensor:
-    """u8 codes [n, k] → int32 words [n, k·bits/32] in the slot order of the module docstring."""
+    """u8 codes [n, k] → int32 words [k·bits/32, n] in the slot order of the module docstring."""
     n, k = u.shape
     cpw, wpg = 32 // bits, gs * bits // 32
     v = u.view(n, k // gs, cpw, wpg).to(torch.int64)
     shifts = (torch.arange(cpw, device=u.device, dtype=torch.int64) * bits).view(1, 1, cpw, 1)
-    w = (v << shifts).sum(dim=2)  # < 2**32
-    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32).reshape(n, k * bits // 32)
+    w = (v << shifts).sum(dim=2).reshape(n, k * bits // 32)  # < 2**32
+    return _i32(w).t().contiguous()
+
+
+def _i32(w: torch.Tensor) -> torch.Tensor:
+    """int64 values in [0, 2**32) → the int32 of the same bits."""
+    return torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+
+
+def _bits16(t: torch.Tensor | None) -> torch.Tensor:
+    """A 16-bit field as int64 in [0, 2**16): f16 bits, or a u8/i8 integer (i8 sign-extended)."""
+    if t is None:
+        return torch.zeros((), dtype=torch.int64)
+    if t.dtype == torch.float16:
+        t = t.view(torch.int16)
+    return t.to(torch.int64) & 0xFFFF
+
+
+def _halves(lo: torch.Tensor | None, hi: torch.Tensor | None) -> torch.Tensor:
+    return _i32(_bits16(lo) | (_bits16(hi) << 16)).t().contiguous()
 
 
 ROW_CHUNK = 2048  # rows decoded at a time: temporaries stay bounded for any tensor
@@ -175,34 +201,56 @@ ROW_CHUNK = 2048  # rows decoded at a time: temporaries stay bounded for any ten
 def pack(raw: torch.Tensor, qtype: Q, k: int) -> Packed:
     """Raw GGUF bytes of one tensor, u8 [n, bytes per row] (on any device) → ``Packed`` there."""
     bits, gs, zero, bb, bw = FORMATS[qtype]
+    sub = 2 if qtype == Q.Q6_K else 1
     n = raw.shape[0]
     chunks = []
     for i in range(0, n, ROW_CHUNK):
         b = raw[i : i + ROW_CHUNK].reshape(-1, k // bw, bb)
         u, s, o, d, dm = _decode(b, qtype)
         r = b.shape[0]
-        o = None if o is None else o.reshape(r, -1).contiguous()
-        chunks.append(Packed(_words(u.reshape(r, k), bits, gs), s.reshape(r, -1).contiguous(), o,
-                             None if d is None else d.reshape(r, -1).contiguous(),
-                             None if dm is None else dm.reshape(r, -1).contiguous(), bits, gs, zero))
+        s = s.reshape(r, -1)
+        o = None if o is None else o.reshape(r, -1)
+        gw = _halves(s[:, 0::2], s[:, 1::2]) if sub == 2 else _halves(s, o)
+        sw = None if d is None else _halves(d.reshape(r, -1), None if dm is None else dm.reshape(r, -1))
+        chunks.append(Packed(_words(u.reshape(r, k), bits, gs), gw, sw, bits, gs, zero, o is not None,
+                             s.dtype == torch.int8, sub))
     return cat(chunks)
 
 
 def codes(p: Packed) -> torch.Tensor:
     """u8 codes [n, k] in column order (the inverse of the word layout)."""
     cpw, wpg = 32 // p.bits, p.gs * p.bits // 32
-    w = p.q.view(p.n, p.k // p.gs, 1, wpg).to(torch.int64) & 0xFFFFFFFF
+    w = p.q.t().reshape(p.n, p.k // p.gs, 1, wpg).to(torch.int64) & 0xFFFFFFFF
     shifts = (torch.arange(cpw, device=p.q.device, dtype=torch.int64) * p.bits).view(1, 1, cpw, 1)
     return ((w >> shifts) & ((1 << p.bits) - 1)).to(torch.uint8).reshape(p.n, p.k)
 
 
+def _field(v: torch.Tensor, high: bool, kind: str) -> torch.Tensor:
+    """float32 of a 16-bit half of int32 ``v``: ``kind`` f16, u (unsigned) or i (signed)."""
+    h = ((v.to(torch.int64) >> (16 if high else 0)) & 0xFFFF)
+    if kind == "f16":
+        return _i32(h).to(torch.int16).view(torch.float16).float()
+    if kind == "i":
+        h = torch.where(h >= 2**15, h - 2**16, h)
+    return h.float()
+
+
 def scales(p: Packed) -> tuple[torch.Tensor, torch.Tensor | None]:
     """float32 scale and offset per group [n, k/gs], computed as gguf computes them."""
+    gw = p.gw.t()
     if not p.two_level:
-        return p.s.float(), None if p.o is None else p.o.float()
+        return _field(gw, False, "f16"), _field(gw, True, "f16") if p.has_o else None
+    kind = "i" if p.signed else "u"
+    if p.sub == 2:
+        sc = torch.stack([_field(gw, False, kind), _field(gw, True, kind)], dim=-1).reshape(p.n, -1)
+    else:
+        sc = _field(gw, False, kind)
+    sw = p.sw.t()  # type: ignore[union-attr]
     r = SUPER // p.gs
-    scale = p.d.float().repeat_interleave(r, dim=1) * p.s.float()  # type: ignore[union-attr]
-    off = None if p.o is None else p.dm.float().repeat_interleave(r, dim=1) * p.o.float()  # type: ignore[union-attr]
+    scale = _field(sw, False, "f16").repeat_interleave(r, dim=1) * sc
+    off = None
+    if p.has_o:
+        off = _field(sw, True, "f16").repeat_interleave(r, dim=1) * _field(gw, True, kind)
     return scale, off
 
 

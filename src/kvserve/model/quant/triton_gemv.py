@@ -2,15 +2,16 @@
 (decode) and a dequantize kernel feeding cuBLAS for many rows (prefill). ``cuda_pack.reference``
 is the torch definition both are tested against (under ``TRITON_INTERPRET=1`` without a GPU).
 
-GEMV: each program owns ``BN`` output rows and a slice of the groups along K; per step it loads
-a [BN, GB, wpg] tile of int32 words (each row's GB groups are contiguous: wide coalesced loads),
-the per-group scales beside it, and the activations of all ``BM`` batch rows, so that one read
-of a weight serves the whole batch. Codes become floats through the exponent trick
-(``0x4B000000 | u`` is the float 2²³ + u, exact), no integer→float conversion; per group the
-kernel accumulates ``scale · Σ (u − zero) · x + offset · Σ x`` in float32 and reduces over the
-groups once at the end. With more than one K slice, float32 partials go to a workspace that a
-second kernel sums (with the bias, in the output dtype): no atomics, deterministic, and every
-launch has fixed shapes, so the decode CUDA graph captures it.
+GEMV: a program owns ``BN`` consecutive output columns and a slice of K. Everything it loads
+is a row of those columns (code words, the group's scale word, the super-block word: int32,
+16 bytes a thread), so all of it shares one register layout and nothing moves through shared
+memory; each activation is a scalar every thread reads (one broadcast load), applied to the
+codes of up to ``BM`` (≤ 4) batch rows, so one read of a weight serves them all. A code becomes
+a float through the exponent trick: ``(word & (mask << s)) | 0x4B000000`` is the float
+2²³ + u·2ˢ (exact for s + bits ≤ 23, else the word is shifted first), the 2ˢ is folded into the
+activation; per group the kernel adds ``scale · Σ u·x + (offset − zero·scale) · Σ x``.
+With several K slices, float32 partials go to a workspace that a second kernel sums (with the
+bias, in the output dtype): no atomics, deterministic, fixed shapes (CUDA-graph capturable).
 """
 
 from __future__ import annotations
@@ -24,177 +25,244 @@ import triton.language as tl
 
 from .cuda_pack import SUPER, Packed
 
-MAGIC = tl.constexpr(0x4B000000)  # float32 bits of 2**23: OR-ing an integer u < 2**23 gives 2**23 + u
+MAGIC = tl.constexpr(0x4B000000)  # float32 bits of 2**23: OR-ing an integer v < 2**23 gives 2**23 + v
 _SUPER = tl.constexpr(SUPER)
 
 
 @triton.jit
-def _scales(s_ptr, o_ptr, d_ptr, dm_ptr, rn, g, mask, G, R: tl.constexpr, TWO_LEVEL: tl.constexpr,
-            HAS_O: tl.constexpr):
-    """float32 scale and offset [BN, GB] of groups g of rows rn."""
-    s = tl.load(s_ptr + rn[:, None] * G + g[None, :], mask=mask, other=0).to(tl.float32)
+def _f16(v, HIGH: tl.constexpr):
+    if HIGH:
+        v = v >> 16
+    return (v & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _int(v, HIGH: tl.constexpr, SIGNED: tl.constexpr):
+    if SIGNED:
+        if HIGH:
+            return (v >> 16).to(tl.float32)
+        return ((v << 16) >> 16).to(tl.float32)
+    if HIGH:
+        v = v >> 16
+    return (v & 0xFFFF).to(tl.float32)
+
+
+@triton.jit
+def _xload(x_ptr, m, k, M, stride_xm, valid):
+    return tl.load(x_ptr + m * stride_xm + k, mask=valid & (m < M), other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _group(x_ptr, q_ptr, grp, rn, lmask, valid, N, M, m0, stride_xm,
+           BITS: tl.constexpr, GS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Σ u·x over group ``grp`` (per column, per batch row m0 … m0+3) and Σ x (per row)."""
+    WPG: tl.constexpr = GS * BITS // 32
+    CPW: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    HI: tl.constexpr = 20 if BITS == 4 else 16  # slots above bit 23 are read from word >> HI
+    d0 = tl.zeros((BN,), dtype=tl.float32)
+    d1 = tl.zeros((BN,), dtype=tl.float32)
+    d2 = tl.zeros((BN,), dtype=tl.float32)
+    d3 = tl.zeros((BN,), dtype=tl.float32)
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    for w in tl.static_range(WPG):
+        word = tl.load(q_ptr + (grp * WPG + w) * N + rn, mask=lmask, other=0)
+        hi = word >> HI
+        for i in tl.static_range(CPW):
+            if BITS * (i + 1) <= 23:
+                v = (word & (MASK << (BITS * i))) | MAGIC
+                f = 1.0 / (1 << (BITS * i))
+            else:
+                v = (hi & (MASK << (BITS * i - HI))) | MAGIC
+                f = 1.0 / (1 << (BITS * i - HI))
+            c = v.to(tl.float32, bitcast=True) - 8388608.0
+            k = grp * GS + i * WPG + w
+            x = _xload(x_ptr, m0, k, M, stride_xm, valid)
+            d0 += c * (x * f)
+            s0 += x
+            if BM > 1:
+                x = _xload(x_ptr, m0 + 1, k, M, stride_xm, valid)
+                d1 += c * (x * f)
+                s1 += x
+            if BM > 2:
+                x = _xload(x_ptr, m0 + 2, k, M, stride_xm, valid)
+                d2 += c * (x * f)
+                s2 += x
+                x = _xload(x_ptr, m0 + 3, k, M, stride_xm, valid)
+                d3 += c * (x * f)
+                s3 += x
+    return d0, d1, d2, d3, s0, s1, s2, s3
+
+
+@triton.jit
+def _scale(gw, sw, HIGH: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
+           SIGNED: tl.constexpr, SUB: tl.constexpr):
+    """(scale, offset − zero·scale) of the group in half ``HIGH`` (SUB = 2) or of the entry."""
     if TWO_LEVEL:
-        sup = rn[:, None] * (G // R) + (g // R)[None, :]
-        s = tl.load(d_ptr + sup, mask=mask, other=0.0).to(tl.float32) * s
-    o = tl.zeros_like(s)
-    if HAS_O:
-        o = tl.load(o_ptr + rn[:, None] * G + g[None, :], mask=mask, other=0).to(tl.float32)
-        if TWO_LEVEL:
-            o = tl.load(dm_ptr + sup, mask=mask, other=0.0).to(tl.float32) * o
+        s = _f16(sw, False) * _int(gw, HIGH, SIGNED)
+        o = -ZERO * s
+        if HAS_O:
+            o += _f16(sw, True) * _int(gw, True, SIGNED)
+    else:
+        s = _f16(gw, False)
+        o = -ZERO * s
+        if HAS_O:
+            o += _f16(gw, True)
     return s, o
 
 
 @triton.jit
-def _gemv_body(x_ptr, q_ptr, s_ptr, o_ptr, d_ptr, dm_ptr, b_ptr, y_ptr,
-               M, N, G, stride_xm, stride_ys, stride_ym, STEPS,
+def _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, STEPS,
                BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
-               HAS_O: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               GB: tl.constexpr):
-    """Steps of GB groups per K slice: ``STEPS`` (a run-time loop bound on the GPU)."""
-    WPG: tl.constexpr = GS * BITS // 32  # words per group
-    CPW: tl.constexpr = 32 // BITS  # codes per word
-    MASK: tl.constexpr = (1 << BITS) - 1
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rn = pid_n * BN + tl.arange(0, BN)
+               HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr):
+    """E: gw entries along K (groups / SUB); each program runs ``STEPS`` of them."""
+    m0 = tl.program_id(0) * BM
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
     nmask = rn < N
-    ww = tl.arange(0, WPG)
-    m0 = tl.program_id(2) * BM
-    rm = m0 + tl.arange(0, BM)
-    mmask = rm < M
-    g_begin = pid_s * (STEPS * GB)
-    g_end = tl.minimum(g_begin + STEPS * GB, G)
-    if BM == 1:
-        acc = tl.zeros((BN, GB), dtype=tl.float32)
-    else:
-        acc = tl.zeros((BM, BN, GB), dtype=tl.float32)
-    for it in range(0, STEPS):  # the last slice may be shorter (masked)
-        g = g_begin + it * GB + tl.arange(0, GB)
-        gmask = g < g_end
-        m2 = nmask[:, None] & gmask[None, :]
-        words = tl.load(q_ptr + (rn[:, None, None] * G + g[None, :, None]) * WPG + ww[None, None, :],
-                        mask=m2[:, :, None], other=0)
-        s, o = _scales(s_ptr, o_ptr, d_ptr, dm_ptr, rn, g, m2, G, _SUPER // GS, TWO_LEVEL, HAS_O)
-        if BM == 1:
-            dot = tl.zeros((BN, GB), dtype=tl.float32)
-            xsum = tl.zeros((GB,), dtype=tl.float32)
-            for i in tl.static_range(CPW):
-                u = ((words >> (BITS * i)) & MASK) | MAGIC
-                c = u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)
-                xi = tl.load(x_ptr + m0 * stride_xm + g[:, None] * GS + i * WPG + ww[None, :],
-                             mask=gmask[:, None], other=0.0).to(tl.float32)
-                dot += tl.sum(c * xi[None, :, :], axis=2)
-                xsum += tl.sum(xi, axis=1)
-            acc += s * dot + o * xsum[None, :]
-        else:
-            dot = tl.zeros((BM, BN, GB), dtype=tl.float32)
-            xsum = tl.zeros((BM, GB), dtype=tl.float32)
-            for i in tl.static_range(CPW):
-                u = ((words >> (BITS * i)) & MASK) | MAGIC
-                c = u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)
-                xi = tl.load(x_ptr + rm[:, None, None] * stride_xm + g[None, :, None] * GS + i * WPG
-                             + ww[None, None, :], mask=mmask[:, None, None] & gmask[None, :, None],
-                             other=0.0).to(tl.float32)
-                dot += tl.sum(c[None, :, :, :] * xi[:, None, :, :], axis=3)
-                xsum += tl.sum(xi, axis=2)
-            acc += s[None, :, :] * dot + o[None, :, :] * xsum[:, None, :]
-    if BM == 1:
-        out = tl.sum(acc, axis=1)[None, :]
-    else:
-        out = tl.sum(acc, axis=2)
-    omask = mmask[:, None] & nmask[None, :]
+    pid_s = tl.program_id(2)
+    a0 = tl.zeros((BN,), dtype=tl.float32)
+    a1 = tl.zeros((BN,), dtype=tl.float32)
+    a2 = tl.zeros((BN,), dtype=tl.float32)
+    a3 = tl.zeros((BN,), dtype=tl.float32)
+    for t in range(0, STEPS):
+        e = pid_s * STEPS + t
+        valid = e < E
+        lmask = nmask & valid
+        gw = tl.load(gw_ptr + e * N + rn, mask=lmask, other=0)
+        sw = gw
+        if TWO_LEVEL:
+            sw = tl.load(sw_ptr + ((e * SUB * GS) // _SUPER) * N + rn, mask=lmask, other=0)
+        for j in tl.static_range(SUB):
+            d0, d1, d2, d3, s0, s1, s2, s3 = _group(x_ptr, q_ptr, e * SUB + j, rn, lmask, valid, N, M, m0,
+                                                    stride_xm, BITS, GS, BM, BN)
+            sc, off = _scale(gw, sw, j == 1, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB)
+            a0 += sc * d0 + off * s0
+            if BM > 1:
+                a1 += sc * d1 + off * s1
+            if BM > 2:
+                a2 += sc * d2 + off * s2
+                a3 += sc * d3 + off * s3
+    bias = tl.zeros((BN,), dtype=tl.float32)
     if HAS_BIAS:
-        out += tl.load(b_ptr + rn, mask=nmask, other=0.0)[None, :]
-    dst = y_ptr + pid_s * stride_ys + rm[:, None] * stride_ym + rn[None, :]
-    tl.store(dst, out.to(y_ptr.dtype.element_ty), mask=omask)
+        bias = tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+    dst = y_ptr + pid_s * stride_ys + rn
+    ty = y_ptr.dtype.element_ty
+    tl.store(dst + m0 * stride_ym, (a0 + bias).to(ty), mask=nmask & (m0 < M))
+    if BM > 1:
+        tl.store(dst + (m0 + 1) * stride_ym, (a1 + bias).to(ty), mask=nmask & (m0 + 1 < M))
+    if BM > 2:
+        tl.store(dst + (m0 + 2) * stride_ym, (a2 + bias).to(ty), mask=nmask & (m0 + 2 < M))
+        tl.store(dst + (m0 + 3) * stride_ym, (a3 + bias).to(ty), mask=nmask & (m0 + 3 < M))
 
 
 # Two entry points of one body: Triton's interpreter (the CPU tests) takes loop bounds only as
 # compile-time constants, while on the GPU a run-time bound keeps one compilation per layout.
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, s_ptr, o_ptr, d_ptr, dm_ptr, b_ptr, y_ptr, M, N, G, stride_xm, stride_ys,
-                 stride_ym, steps, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr,
-                 TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-                 BN: tl.constexpr, GB: tl.constexpr):
-    _gemv_body(x_ptr, q_ptr, s_ptr, o_ptr, d_ptr, dm_ptr, b_ptr, y_ptr, M, N, G, stride_xm, stride_ys,
-               stride_ym, steps, BITS, GS, ZERO, TWO_LEVEL, HAS_O, HAS_BIAS, BM, BN, GB)
+def _gemv_kernel(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, steps,
+                 BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                 HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr):
+    _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, steps,
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN)
 
 
 @triton.jit
-def _gemv_kernel_const(x_ptr, q_ptr, s_ptr, o_ptr, d_ptr, dm_ptr, b_ptr, y_ptr, M, N, G, stride_xm,
-                       stride_ys, stride_ym, steps: tl.constexpr, BITS: tl.constexpr,
-                       GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, GB: tl.constexpr):
-    _gemv_body(x_ptr, q_ptr, s_ptr, o_ptr, d_ptr, dm_ptr, b_ptr, y_ptr, M, N, G, stride_xm, stride_ys,
-               stride_ym, steps, BITS, GS, ZERO, TWO_LEVEL, HAS_O, HAS_BIAS, BM, BN, GB)
+def _gemv_kernel_const(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym,
+                       steps: tl.constexpr, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr,
+                       TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, steps,
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN)
 
 
 @triton.jit
-def _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """y[m, n] = Σ_s p[s, m, n] (+ bias[n]), p float32 [S, M, N] contiguous."""
+def _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                 SB: tl.constexpr):
+    """y[m, n] = Σ_s p[s, m, n] (+ bias[n]), p float32 [S, M, N] contiguous; SB slices per load."""
     m = tl.program_id(1)
     rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = rn < N
+    rs = tl.arange(0, SB)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, S):
-        acc += tl.load(p_ptr + (s * M + m) * N + rn, mask=mask, other=0.0)
+    for s0 in range(0, S, SB):
+        ptrs = p_ptr + ((s0 + rs)[:, None] * M + m) * N + rn[None, :]
+        acc += tl.sum(tl.load(ptrs, mask=((s0 + rs) < S)[:, None] & mask[None, :], other=0.0), axis=0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=mask, other=0.0)
     tl.store(y_ptr + m * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _reduce_kernel(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS, BLOCK)
+def _reduce_kernel(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+                   SB: tl.constexpr):
+    _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS, BLOCK, SB)
 
 
 @triton.jit
 def _reduce_kernel_const(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         BLOCK: tl.constexpr):
-    _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS, BLOCK)
+                         BLOCK: tl.constexpr, SB: tl.constexpr):
+    _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS, BLOCK, SB)
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _dequant_kernel(q_ptr, s_ptr, o_ptr, d_ptr, dm_ptr, w_ptr, N, G, stride_wn,
+def _dequant_kernel(q_ptr, gw_ptr, sw_ptr, w_ptr, N, stride_wk,
                     BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
-                    HAS_O: tl.constexpr, BN: tl.constexpr, GB: tl.constexpr):
+                    HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, BN: tl.constexpr):
+    """Wᵀ[k, n] for the SUB groups of gw entry ``program_id(1)``: (u − zero)·scale + offset,
+    rounded as gguf rounds (run without FMA contraction)."""
     WPG: tl.constexpr = GS * BITS // 32
     CPW: tl.constexpr = 32 // BITS
     MASK: tl.constexpr = (1 << BITS) - 1
     rn = tl.program_id(0) * BN + tl.arange(0, BN)
-    g = tl.program_id(1) * GB + tl.arange(0, GB)
-    ww = tl.arange(0, WPG)
-    m2 = (rn < N)[:, None] & (g < G)[None, :]
-    words = tl.load(q_ptr + (rn[:, None, None] * G + g[None, :, None]) * WPG + ww[None, None, :],
-                    mask=m2[:, :, None], other=0)
-    s, o = _scales(s_ptr, o_ptr, d_ptr, dm_ptr, rn, g, m2, G, _SUPER // GS, TWO_LEVEL, HAS_O)
-    for i in tl.static_range(CPW):
-        u = ((words >> (BITS * i)) & MASK) | MAGIC
-        c = u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)
-        v = c * s[:, :, None]
-        if HAS_O:
-            v += o[:, :, None]
-        dst = w_ptr + rn[:, None, None] * stride_wn + g[None, :, None] * GS + i * WPG + ww[None, None, :]
-        tl.store(dst, v.to(w_ptr.dtype.element_ty), mask=m2[:, :, None])
+    nmask = rn < N
+    e = tl.program_id(1)
+    gw = tl.load(gw_ptr + e * N + rn, mask=nmask, other=0)
+    sw = gw
+    if TWO_LEVEL:
+        sw = tl.load(sw_ptr + ((e * SUB * GS) // _SUPER) * N + rn, mask=nmask, other=0)
+    for j in tl.static_range(SUB):
+        if TWO_LEVEL:
+            s = _f16(sw, False) * _int(gw, j == 1, SIGNED)
+            o = _f16(sw, True) * _int(gw, True, SIGNED)
+        else:
+            s = _f16(gw, False)
+            o = _f16(gw, True)
+        grp = e * SUB + j
+        for w in tl.static_range(WPG):
+            word = tl.load(q_ptr + (grp * WPG + w) * N + rn, mask=nmask, other=0)
+            for i in tl.static_range(CPW):
+                u = ((word >> (BITS * i)) & MASK) | MAGIC
+                c = u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)
+                v = c * s
+                if HAS_O:
+                    v = v + o
+                k = grp * GS + i * WPG + w
+                tl.store(w_ptr + k * stride_wk + rn, v.to(w_ptr.dtype.element_ty), mask=nmask)
 
 
 class Config(NamedTuple):
-    bn: int  # output rows per program
-    gb: int  # groups per step
+    bn: int  # output columns per program: 4 per thread (one 16-byte load) × 32 × warps × repeats
     warps: int
     programs: int  # aim for about this many programs per multiprocessor (sets the K split)
 
 
+# (least output columns, config): the fastest configurations of ``bench/quant_cuda.py --sweep``
+# at batch 1 on an H200 for the Llama-3-8B shapes (output projections 128k, gate/up 28k, Q+K 5k,
+# and the 1k-4k V / O / down projections), by output width
+CONFIGS = [(65536, Config(4096, 8, 2)), (16384, Config(1024, 4, 8)), (5120, Config(1024, 8, 4)),
+           (0, Config(128, 1, 8))]
+
+
 def default_config(p: Packed, m: int) -> Config:
-    """The fixed configuration of a GEMV over ``p`` at ``m`` batch rows (measured on an H200 by
-    ``bench/quant_cuda.py --sweep``): about 2,048 words (8 KiB) in flight per program and step."""
-    wpg = p.gs * p.bits // 32
-    bn = 64
-    gb = max(1, 2048 // (bn * wpg))
-    return Config(bn, gb, 4, 4)
+    """The fixed configuration of a GEMV over ``p`` (any batch rows ``m``: the weight read dominates)."""
+    return next(c for n, c in CONFIGS if p.n >= n)
 
 
 _SMS: dict[int, int] = {}
@@ -209,20 +277,23 @@ def _sms(device: torch.device) -> int:
     return _SMS[i]
 
 
-def _args(p: Packed) -> tuple[torch.Tensor, ...]:
-    dummy = p.s
-    return (p.q, p.s, p.o if p.o is not None else dummy, p.d if p.d is not None else dummy,
-            p.dm if p.dm is not None else dummy)
+def _meta(p: Packed) -> dict:
+    return dict(BITS=p.bits, GS=p.gs, ZERO=p.zero, TWO_LEVEL=p.two_level, HAS_O=p.has_o, SIGNED=p.signed,
+                SUB=p.sub)
+
+
+def entries(p: Packed) -> int:
+    """gw entries along K (the GEMV's unit of work)."""
+    return int(p.gw.shape[0])
 
 
 def split_of(p: Packed, cfg: Config, device: torch.device) -> tuple[int, int]:
-    """(K slices, groups per slice) for ``cfg``."""
-    g = p.k // p.gs
+    """(K slices, gw entries per slice) for ``cfg``."""
+    e = entries(p)
     blocks = triton.cdiv(p.n, cfg.bn)
-    steps = triton.cdiv(g, cfg.gb)
-    want = max(1, min(steps, (cfg.programs * _sms(device)) // blocks))
-    gps = triton.cdiv(steps, want) * cfg.gb
-    return triton.cdiv(g, gps), gps
+    want = max(1, min(e, (cfg.programs * _sms(device)) // blocks))
+    steps = triton.cdiv(e, want)
+    return triton.cdiv(e, steps), steps
 
 
 def gemv(x: torch.Tensor, p: Packed, out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -233,34 +304,35 @@ def gemv(x: torch.Tensor, p: Packed, out: torch.Tensor | None = None, bias: torc
     if out is None:
         out = torch.empty((m, p.n), dtype=x.dtype, device=x.device)
     cfg = cfg or default_config(p, m)
-    bm = min(8, triton.next_power_of_2(m))
-    splits, gps = split_of(p, cfg, x.device)
+    bm = min(4, triton.next_power_of_2(m))
+    splits, steps = split_of(p, cfg, x.device)
     bias_t = bias if bias is not None else out
-    grid = (triton.cdiv(p.n, cfg.bn), splits, triton.cdiv(m, bm))
-    meta = dict(BITS=p.bits, GS=p.gs, ZERO=p.zero, TWO_LEVEL=p.two_level, HAS_O=p.o is not None,
-                BM=bm, BN=cfg.bn, GB=cfg.gb, num_warps=cfg.warps)
-    g = p.k // p.gs
+    sw = p.sw if p.sw is not None else p.gw
+    grid = (triton.cdiv(m, bm), triton.cdiv(p.n, cfg.bn), splits)  # batch blocks first: they share weights in L2
+    meta = dict(_meta(p), BM=bm, BN=cfg.bn, num_warps=cfg.warps)
     kernel, reduce = (_gemv_kernel_const, _reduce_kernel_const) if _INTERPRET else (_gemv_kernel, _reduce_kernel)
     if splits == 1:
-        kernel[grid](x, *_args(p), bias_t, out, m, p.n, g, x.stride(0), 0, out.stride(0), gps // cfg.gb,
+        kernel[grid](x, p.q, p.gw, sw, bias_t, out, m, p.n, entries(p), x.stride(0), 0, out.stride(0), steps,
                      HAS_BIAS=bias is not None, **meta)
         return out
     part = torch.empty((splits, m, p.n), dtype=torch.float32, device=x.device)
-    kernel[grid](x, *_args(p), bias_t, part, m, p.n, g, x.stride(0), m * p.n, p.n, gps // cfg.gb,
+    kernel[grid](x, p.q, p.gw, sw, bias_t, part, m, p.n, entries(p), x.stride(0), m * p.n, p.n, steps,
                  HAS_BIAS=False, **meta)
-    block = 512
+    block = 128  # many small programs, each with up to 32 slices' loads in flight
+    sb = min(32, triton.next_power_of_2(splits))
     reduce[(triton.cdiv(p.n, block), m)](part, bias_t, out, m, p.n, out.stride(0), splits,
-                                         HAS_BIAS=bias is not None, BLOCK=block, num_warps=4)
+                                         HAS_BIAS=bias is not None, BLOCK=block, SB=sb, num_warps=4)
     return out
 
 
-def dequantize(p: Packed, out: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
-               bn: int = 32, gb: int = 16) -> torch.Tensor:
-    """The weights [n, k] in ``dtype`` (into ``out``, a view with unit column stride, if given)."""
+def dequantize_t(p: Packed, out: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16,
+                 bn: int = 512) -> torch.Tensor:
+    """Wᵀ [k, n] in ``dtype`` (into ``out``, a view with unit column stride, if given), the
+    values of ``cuda_pack.reference`` rounded once."""
     if out is None:
-        out = torch.empty((p.n, p.k), dtype=dtype, device=p.q.device)
-    g = p.k // p.gs
-    grid = (triton.cdiv(p.n, bn), triton.cdiv(g, gb))
-    _dequant_kernel[grid](*_args(p), out, p.n, g, out.stride(0), BITS=p.bits, GS=p.gs, ZERO=p.zero,
-                          TWO_LEVEL=p.two_level, HAS_O=p.o is not None, BN=bn, GB=gb, num_warps=4)
+        out = torch.empty((p.k, p.n), dtype=dtype, device=p.q.device)
+    sw = p.sw if p.sw is not None else p.gw
+    grid = (triton.cdiv(p.n, bn), entries(p))
+    _dequant_kernel[grid](p.q, p.gw, sw, out, p.n, out.stride(0), BN=bn, num_warps=4, enable_fp_fusion=False,
+                          **_meta(p))
     return out
