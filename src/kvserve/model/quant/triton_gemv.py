@@ -253,16 +253,16 @@ class Config(NamedTuple):
     programs: int  # aim for about this many programs per multiprocessor (sets the K split)
 
 
-# (least output columns, config): the fastest configurations of ``bench/quant_cuda.py --sweep``
-# at batch 1 on an H200 for the Llama-3-8B shapes (output projections 128k, gate/up 28k, Q+K 5k,
-# and the 1k-4k V / O / down projections), by output width
-CONFIGS = [(65536, Config(4096, 8, 2)), (16384, Config(1024, 4, 8)), (5120, Config(1024, 8, 4)),
-           (0, Config(128, 1, 8))]
+# The fastest configurations of ``bench/quant_cuda.py --sweep`` at batch 1 on an H200 for the
+# Llama-3-8B Q4_K_M tensors, by weight bytes: 9-13 MB (Q+K, V, O) want many small programs and
+# K slices; 67-600 MB (gate/up, down, output) wide programs of 16 columns a thread.
+BIG = 32 << 20
+CONFIGS = {"small": Config(128, 1, 8), "big": Config(4096, 8, 2)}
 
 
 def default_config(p: Packed, m: int) -> Config:
     """The fixed configuration of a GEMV over ``p`` (any batch rows ``m``: the weight read dominates)."""
-    return next(c for n, c in CONFIGS if p.n >= n)
+    return CONFIGS["big" if p.nbytes >= BIG else "small"]
 
 
 _SMS: dict[int, int] = {}
