@@ -94,3 +94,25 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path: Path) -> None:
     path.write_bytes(b"GGML" + bytes(64))
     with pytest.raises(ValueError, match="not a GGUF file"):
         read_gguf(str(path))
+
+
+def _rss_file_kib() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_release_drops_a_tensors_pages_and_data_stays_readable(smollm_path):
+    got = read_gguf(smollm_path)
+    t = max(got.tensors, key=lambda t: t.data.nbytes)  # the embedding, ~29 MiB
+    got.release(t)
+    base = _rss_file_kib()
+    total = int(t.data.astype(np.uint64).sum())  # touches every page
+    assert _rss_file_kib() - base > t.data.nbytes // 1024 // 2
+    got.release(t, 0, t.data.shape[0] // 2)  # the first half of the rows
+    assert _rss_file_kib() - base < t.data.nbytes // 1024 * 3 // 4
+    got.release(t)
+    assert _rss_file_kib() - base < t.data.nbytes // 1024 // 8
+    assert int(t.data.astype(np.uint64).sum()) == total  # faults back in from the file

@@ -45,12 +45,28 @@ class GGUFTensor:
     tensor_type: GGMLQuantizationType
     shape: tuple[int, ...]  # ggml order: ne0 (the contiguous dimension) first
     data: np.ndarray  # read-only view of the file: elements, or bytes [..., row bytes] if quantized
+    offset: int = 0  # of the data, in the file
 
 
 @dataclass(frozen=True)
 class GGUFContents:
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
+    mapping: mmap.mmap | None = None
+
+    def release(self, t: GGUFTensor, i: int = 0, j: int | None = None) -> None:
+        """Drop the file pages wholly inside rows [i, j) of ``t`` (its outermost dimension;
+        default all of it) from this process's memory. They stay in the page cache and fault
+        back in if the view is read again: a loader that releases what it has repacked never
+        holds the file's touched pages and the repacked copy of the same weights at once."""
+        if self.mapping is None or t.data.nbytes == 0:
+            return
+        n = t.data.shape[0] if t.data.ndim else 1
+        row = t.data.nbytes // n
+        start, end = t.offset + i * row, t.offset + (n if j is None else j) * row
+        lo, hi = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            self.mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 class _Cursor:
@@ -124,8 +140,10 @@ def read_gguf(path: str) -> GGUFContents:
             dt, count = np.dtype(np.uint8), n * size // block
             shape = quant_shape_to_byte_shape(shape, qtype)
         data = np.frombuffer(buf, dtype=dt, count=count, offset=start + offset).reshape(shape)
-        tensors.append(GGUFTensor(name, qtype, dims, data))
-    return GGUFContents(meta, tensors)
+        tensors.append(GGUFTensor(name, qtype, dims, data, start + offset))
+    header = -(-cur.off // mmap.PAGESIZE) * mmap.PAGESIZE
+    buf.madvise(mmap.MADV_DONTNEED, 0, min(header, len(buf)))  # the header is parsed: drop its pages
+    return GGUFContents(meta, tensors, buf)
 
 
 def read_metadata_file(path: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ Q/K/V and gate/up into one matrix each (``fuse``; ``KVSERVE_FUSE=0`` keeps dense
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -183,12 +184,14 @@ def load_gguf(
             )
         mod = pname.rpartition(".")[0]
         if weights == "quant" and pname.endswith(".weight") and (mod in linears or mod == "embed"):
-            raws[mod] = RawTensor(t.data, t.tensor_type, (shape[0], shape[1]))
+            raws[mod] = RawTensor(t.data, t.tensor_type, (shape[0], shape[1]), functools.partial(reader.release, t))
         elif len(shape) == 2:
             raw = RawTensor(t.data, t.tensor_type, (shape[0], shape[1]))
             state[pname] = dense_on(raw, device, dtype)
+            reader.release(t)
         else:
             state[pname] = dequantize(t.data, t.tensor_type, shape).to(device=device, dtype=dtype)
+            reader.release(t)
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -238,6 +241,8 @@ def _repack(
         biases = [None if (b := state.pop(f"{m}.bias", None)) is None else b.float().cpu() for m in members]
         mod = linear(tensors, biases, on)
         add_to_summary(summary, mod, tensors)
+        for t in tensors:
+            t.release_all()
         for m in members:
             parent, _, leaf = m.rpartition(".")
             delattr(model.get_submodule(parent), leaf)
@@ -248,10 +253,11 @@ def _repack(
         add_to_summary(summary, head, [embed])
         model.lm_head = head
     if on is None:
-        model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape)
+        model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape, embed.release)
         summary.add("rows", [embed], model.embed.weight_bytes())
     else:
         w = dense_on(embed, device, dtype)
         state["embed.weight"] = w
         summary.add("dense", [embed], w.nbytes)
+    embed.release_all()
     return summary

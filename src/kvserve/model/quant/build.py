@@ -13,6 +13,7 @@ same path, so that one kernel call serves them.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +34,12 @@ class RawTensor(NamedTuple):
     data: np.ndarray  # as the GGUF reader maps it
     qtype: Q
     shape: tuple[int, int]  # (rows, cols) = (out_features, in_features)
+    # drops the file pages of rows [i, j) once they are repacked (they fault back in if read again)
+    release: Callable[[int, int], None] | None = None
+
+    def release_all(self) -> None:
+        if self.release is not None:
+            self.release(0, self.shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -56,7 +63,7 @@ def linear(
         bias = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
     path = path_of(weights[0], device)
     if path == "int4":
-        return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape) for w in weights], bias)
+        return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape, w.release) for w in weights], bias)
     if path == "cuda-quant":
         from .cuda_linear import CudaQuantLinear  # imports triton: only on CUDA
 

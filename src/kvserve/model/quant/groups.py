@@ -21,6 +21,7 @@ which gguf performs on the same operands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -109,17 +110,25 @@ class GGUFGroups(NamedTuple):
     qtype: Q
     n_rows: int
     k: int
+    # called once rows [i, j) are decoded: the loader drops those rows' file pages, so that a
+    # large tensor never has all of its file bytes resident beside its repacked copy
+    release: Callable[[int, int], None] | None = None
 
     @classmethod
-    def of(cls, raw: np.ndarray, qtype: Q, shape: tuple[int, int]) -> GGUFGroups:
-        return cls(np.ascontiguousarray(raw).view(np.uint8).reshape(shape[0], -1), qtype, shape[0], shape[1])
+    def of(cls, raw: np.ndarray, qtype: Q, shape: tuple[int, int],
+           release: Callable[[int, int], None] | None = None) -> GGUFGroups:
+        return cls(np.ascontiguousarray(raw).view(np.uint8).reshape(shape[0], -1), qtype, shape[0], shape[1],
+                   release)
 
     @property
     def bits(self) -> int:
         return GROUPED[self.qtype][2]
 
     def rows(self, i: int, j: int) -> Groups:
-        return Groups(*_decode(self.raw[i:j], self.qtype, self.k), self.bits)
+        out = Groups(*_decode(self.raw[i:j], self.qtype, self.k), self.bits)
+        if self.release is not None:
+            self.release(i, j)
+        return out
 
 
 def to_groups(raw: np.ndarray, qtype: Q, shape: tuple[int, int]) -> Groups:
