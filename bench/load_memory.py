@@ -9,7 +9,8 @@ Part 1, in-process (one fresh interpreter per model, the steps ``python -m kvser
     weights           ``load_gguf`` (repacked weights)
     tokenizer         ``Tokenizer.from_metadata``
     chat template     ``ChatTemplate.from_metadata``
-    engine            ``Engine(...)`` with ``-np 1 -c 4096``: KV pool, sampling buffers
+    engine            ``Engine(...)`` with ``-np 1 -c 4096`` (KV pool, sampling buffers), then the
+                      load's temporaries dropped as the server drops them
     prefill+decode    one ~700-token prompt then 32 greedy tokens through the engine
 
 For each: the RSS after it and the peak during it (the kernel's VmHWM, reset between phases).
@@ -68,6 +69,7 @@ def child(model: str) -> None:
 
     phase("import torch")
     sys.path.insert(0, SRC)
+    from kvserve.__main__ import drop_load_temporaries
     from kvserve.engine.engine import Engine, EngineOptions
     from kvserve.engine.request import ErrorEvent, FinalEvent, GenerationRequest, RequestParams
     from kvserve.engine.sampling_params import SamplingParams
@@ -89,6 +91,7 @@ def child(model: str) -> None:
     tpl = ChatTemplate.from_metadata(loaded.metadata)
     phase("chat template")
     engine = Engine(loaded, tok, tpl, EngineOptions(n_slots=1, n_ctx=4096, kv_dtype=torch.float16))
+    drop_load_temporaries(loaded)
     phase("engine")
     engine.start()
     try:

@@ -28,6 +28,21 @@ def _log_level(verbosity: int) -> int:
     return logging.ERROR
 
 
+# The vocabulary arrays of the GGUF metadata (151k strings each for Qwen2.5's vocabulary).
+_VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
+                 "tokenizer.ggml.scores")
+
+
+def drop_load_temporaries(loaded: Any) -> None:
+    """Once the tokenizer and the engine exist: the metadata's vocabulary arrays (read once by
+    the tokenizer, which keeps what it needs) go, and freed memory goes back to the OS."""
+    from .model.loader import release_free_memory
+
+    for key in _VOCAB_ARRAYS:
+        loaded.metadata.pop(key, None)
+    release_free_memory()
+
+
 def build_engine(cfg: Config):
     """Load the model and build the engine the config describes (not started)."""
     import torch
@@ -81,6 +96,7 @@ def build_engine(cfg: Config):
         str(plan.kv_unified).lower(),
     )
     engine = Engine(loaded, tokenizer, template, opts)
+    drop_load_temporaries(loaded)
     mem = engine.memory_info()
     budget = mem["cache_ram_budget_bytes"]
     log.info(

@@ -133,8 +133,9 @@ def _mmap_threshold(nbytes: int) -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, nbytes)
 
 
-def _release_free_memory() -> None:
-    """Hand the loader's freed temporaries back to the OS (glibc keeps them in its heap)."""
+def release_free_memory() -> None:
+    """Hand freed temporaries (the loader's, the tokenizer build's) back to the OS: glibc keeps
+    them in its heap otherwise."""
     import gc
 
     gc.collect()
@@ -204,7 +205,7 @@ def load_gguf(
         fuse_dense(model, state)  # Q/K/V and gate/up: one GEMM each
     model.load_state_dict(state, assign=True, strict=True)
     del reader, raws  # unmaps the file: only repacked copies stay resident
-    _release_free_memory()
+    release_free_memory()
     if weights == "quant":
         _mmap_threshold(32 << 20)  # glibc's own upper bound: big per-step buffers reuse the heap
     for p in model.parameters():

@@ -148,7 +148,9 @@ class Tokenizer:
     @classmethod
     def from_metadata(cls, meta: dict[str, Any]) -> Tokenizer:
         vocab = VocabInfo.from_metadata(meta)
-        return cls(vocab, build_hf_tokenizer(vocab))
+        hf = build_hf_tokenizer(vocab)
+        vocab.merges = None  # only the BPE model needs them, and it holds its own copy
+        return cls(vocab, hf)
 
     # ---- properties ------------------------------------------------------------------------------
 
