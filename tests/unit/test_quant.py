@@ -13,7 +13,8 @@ from gguf.quants import quantize as np_quantize
 
 from kvserve.model.quant import int4
 from kvserve.model.quant.build import RawTensor, fuse_groups, linear, path_of
-from kvserve.model.quant.embedding import QuantEmbedding
+from kvserve.model.quant.embedding import PlaneEmbedding, QuantEmbedding
+from kvserve.model.quant.groups import GGUFGroups
 from kvserve.model.quant.groups import GROUPED, to_groups
 from kvserve.model.quant.linear import GEMV_MAX_ROWS, DenseLinear, QuantLinear
 
@@ -176,6 +177,24 @@ def test_embedding_rows_are_dequantized_exactly(qtype):
     ids = torch.tensor([[3, 0, 39], [7, 7, 1]])
     ref = np_dequantize(raw, qtype) if qtype != Q.F32 else raw
     assert torch.equal(emb(ids), torch.from_numpy(ref)[ids])
+
+
+@pytest.mark.parametrize("qtype", list(GROUPED), ids=lambda q: q.name)
+def test_tied_embedding_rows_from_the_head_planes_are_exact(qtype):
+    """A tied model's embedding read from the output head's planes plus the file's group scales:
+    every row bit for bit the file's dequantized row (as QuantEmbedding gives it), at a small
+    fraction of the bytes; rows past a packed block of 64 and both nibbles included."""
+    n, k = 200, 256
+    raw = random_blocks(qtype, n, k, seed=11)
+    head = linear([RawTensor(raw, qtype, (n, k))], [None])
+    assert isinstance(head, QuantLinear)
+    emb = PlaneEmbedding(head, GGUFGroups.of(raw, qtype, (n, k)))
+    ref = torch.from_numpy(np_dequantize(raw, qtype))
+    ids = torch.tensor([[0, 31, 32, 63], [64, 127, 199, 5]])
+    assert torch.equal(emb(ids), ref[ids])
+    assert torch.equal(emb(torch.arange(n)), ref)  # every row
+    assert emb.packed.data_ptr() == head.packed.data_ptr()  # shared, not copied
+    assert emb.weight_bytes() <= n * (k // 32) * 8 < raw.nbytes // 2
 
 
 def test_real_quantizer_output_round_trips():

@@ -28,7 +28,9 @@ from .fuse import fuse_dense
 from .gguf_meta import read_gguf
 from .quant import dequantize
 from .quant.build import RawTensor, WeightSummary, add_to_summary, dense_on, fuse_groups, linear
-from .quant.embedding import QuantEmbedding
+from .quant.embedding import PlaneEmbedding, QuantEmbedding
+from .quant.groups import GGUFGroups
+from .quant.linear import QuantLinear
 
 # GGUF tensor-name suffix → module parameter path inside a block.
 _BLOCK_NAMES = {
@@ -253,7 +255,12 @@ def _repack(
         head = linear([embed], [None], on)
         add_to_summary(summary, head, [embed])
         model.lm_head = head
-    if on is None:
+    if on is None and cfg.tied_embeddings and isinstance(model.lm_head, QuantLinear):
+        # the head's planes hold the codes: keep only the file's group scales beside them
+        model.embed = PlaneEmbedding(model.lm_head, GGUFGroups.of(embed.data, embed.qtype, embed.shape,
+                                                                  embed.release))
+        summary.add("rows", [embed], model.embed.weight_bytes())
+    elif on is None:
         model.embed = QuantEmbedding(embed.data, embed.qtype, *embed.shape, embed.release)
         summary.add("rows", [embed], model.embed.weight_bytes())
     else:

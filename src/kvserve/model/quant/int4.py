@@ -146,6 +146,13 @@ def unpack_codes(packed: torch.Tensor, k: int) -> torch.Tensor:
     return both.view(-1, k, ROW_BLOCK).transpose(1, 2).reshape(-1, k)
 
 
+def gather_codes(packed: torch.Tensor, k: int, rows: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [len(rows), K] of the packed rows ``rows`` (int64; the layout above)."""
+    j = rows % ROW_BLOCK
+    b = packed.view(-1, k, GROUP)[rows // ROW_BLOCK, :, j % GROUP]  # [n, K]: row's low or high nibbles
+    return (b >> (4 * (j // GROUP)).to(torch.uint8).unsqueeze(1)) & 0x0F
+
+
 def dequantize(packed: torch.Tensor, scale_zero: torch.Tensor, k: int) -> torch.Tensor:
     """The planes as a bf16 matrix [R_pad, K], computed as the kernel defines them."""
     c = unpack_codes(packed, k).view(-1, k // GROUP, GROUP).to(torch.bfloat16).sub_(8)
