@@ -17,6 +17,10 @@ Workloads (texts are generated from fixed seeds, so every server gets identical 
     python bench/throughput.py --cmd "python -m kvserve -np 16" --peer "llama-server -m M.gguf -np 16"
     python bench/throughput.py --cmd "python -m kvserve -np 4" --concurrency 1,4 --n-predict 8 \\
         --prompt-words 40 --prefix-words 100          # quick check
+    python bench/throughput.py --cmd "python -m kvserve -np 8" --concurrency 8 --workloads shared \\
+        --rounds 2 --burst                            # a burst over a fresh prefix, then again cached
+
+With ``--rounds`` above 1 a per-round table follows (TTFT mean / p50 / p95, prompt_n, cache_n).
 
 A command gets ``--port P`` appended (or write ``{port}`` where it goes). Requests carry
 ``temperature 0``, ``ignore_eos true``, ``n_predict``; ``cache_prompt`` is left to the server.
@@ -57,6 +61,11 @@ class Level:
     wall_s: float
     results: list[ReqResult] = field(default_factory=list)
     sched_share: float | None = None
+    rounds: list[int] = field(default_factory=list)  # round of each result
+
+    def of_round(self, rnd: int) -> Level:
+        res = [r for r, k in zip(self.results, self.rounds) if k == rnd]
+        return Level(self.server, self.workload, self.concurrency, self.wall_s, res, None, [rnd] * len(res))
 
     @property
     def ok(self) -> list[ReqResult]:
@@ -80,6 +89,7 @@ class Level:
 
 
 def prompt_for(workload: str, c: int, stream: int, rnd: int, args: argparse.Namespace) -> str:
+    rnd = 0 if args.burst else rnd  # a burst repeats itself
     seed = 1_000_000 * (1 + c) + 1000 * stream + rnd
     question = make_text(seed, args.prompt_words)
     if workload == "shared":
@@ -119,20 +129,25 @@ def sched_share(before: dict[str, float] | None, after: dict[str, float] | None)
 
 
 async def run_level(url: str, server: str, workload: str, c: int, args: argparse.Namespace) -> Level:
-    async def stream(i: int, client: httpx.AsyncClient) -> list[ReqResult]:
-        out = []
-        for rnd in range(args.rounds):
-            body = {"prompt": prompt_for(workload, c, i, rnd, args), "n_predict": args.n_predict,
-                    "temperature": 0, "ignore_eos": True}
-            out.append(await stream_completion(client, url, body))
-        return out
+    def body(i: int, rnd: int) -> dict:
+        return {"prompt": prompt_for(workload, c, i, rnd, args), "n_predict": args.n_predict,
+                "temperature": 0, "ignore_eos": True}
+
+    async def stream(i: int, client: httpx.AsyncClient) -> list[tuple[int, ReqResult]]:
+        return [(rnd, await stream_completion(client, url, body(i, rnd))) for rnd in range(args.rounds)]
 
     limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits) as client:
         t0 = time.monotonic()
-        per_stream = await asyncio.gather(*(stream(i, client) for i in range(c)))
+        if args.burst:  # round r: all c requests at once, after every request of round r - 1 ended
+            done: list[tuple[int, ReqResult]] = []
+            for rnd in range(args.rounds):
+                rs = await asyncio.gather(*(stream_completion(client, url, body(i, rnd)) for i in range(c)))
+                done += [(rnd, r) for r in rs]
+        else:
+            done = [x for rs in await asyncio.gather(*(stream(i, client) for i in range(c))) for x in rs]
         wall = time.monotonic() - t0
-    return Level(server, workload, c, wall, [r for rs in per_stream for r in rs])
+    return Level(server, workload, c, wall, [r for _, r in done], None, [k for k, _ in done])
 
 
 async def warm_up(url: str, args: argparse.Namespace) -> None:
@@ -193,6 +208,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--prompt-words", type=int, default=200, help="words of each distinct prompt (~1.1 tok/word)")
     p.add_argument("--prefix-words", type=int, default=1500, help="words of the shared prefix")
     p.add_argument("--rounds", type=int, default=2, help="requests per stream, one after another")
+    p.add_argument("--burst", action="store_true",
+                   help="each round is one burst of all streams at once, started when the previous round has "
+                        "ended, with the same prompts every round (round 1 of 'shared' is the fresh prefix, "
+                        "later rounds find it cached)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     p.add_argument("--start-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
@@ -214,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             "servers": "; ".join(f"{n}: {c or u}" for n, c, u in targets),
             "endpoint": "POST /completion, stream true, temperature 0, ignore_eos true, cache_prompt server default",
             "concurrency": args.concurrency,
-            "requests": f"{args.rounds} per stream, sequential within a stream",
+            "requests": (f"{args.rounds} bursts of one request per stream, the same prompts each time"
+                         if args.burst else f"{args.rounds} per stream, sequential within a stream"),
             "n_predict": args.n_predict,
             "workloads": ", ".join(args.workloads),
             "prompt lengths": f"distinct ~{args.prompt_words} words; shared {args.prefix_words}-word prefix "
@@ -238,6 +258,18 @@ def main(argv: list[str] | None = None) -> int:
     print_table(["server", "workload", "conc", "ok", "err", "agg tok/s", f"agg / c={args.concurrency[0]}",
                  "stream tok/s p50", "TTFT p50 ms", "TTFT p95 ms", "prompt_n mean", "cache_n mean",
                  "sched % of step"], rows)
+    if args.rounds > 1:
+        rrows = []
+        for lv in all_levels:
+            for rnd in range(args.rounds):
+                x = lv.of_round(rnd)
+                ttft = [r.ttft for r in x.ok if r.ttft is not None]
+                rrows.append([lv.server, lv.workload, lv.concurrency, rnd + 1, len(x.ok),
+                              1000 * sum(ttft) / len(ttft) if ttft else None, x.ttft_ms(50), x.ttft_ms(95),
+                              x.mean("prompt_n"), x.mean("cache_n")])
+        print("## Per round" + (" (bursts: round 1 fresh, later rounds cached)" if args.burst else "") + "\n")
+        print_table(["server", "workload", "conc", "round", "ok", "TTFT mean ms", "TTFT p50 ms", "TTFT p95 ms",
+                     "prompt_n mean", "cache_n mean"], rrows)
     if len(targets) == 2:
         a, p = targets[0][0], targets[1][0]
         by = {(lv.server, lv.workload, lv.concurrency): lv for lv in all_levels}
