@@ -2,7 +2,9 @@
 
 ``Dispatch`` owns the engine requests of one HTTP request (several prompts and/or n_cmpl > 1
 fan out, each with its ``index``). Events arrive on the engine thread and hop to the event
-loop with ``call_soon_threadsafe``. Whatever way the HTTP side ends (done, error, client gone,
+loop through its ``Mailbox``: one ``call_soon_threadsafe`` (one wake-up of the loop) carries
+every event posted until the loop runs it, so a decode step of 64 streams wakes the loop once,
+not 64 times, and the events of one request keep their order. Whatever way the HTTP side ends (done, error, client gone,
 task cancelled), ``cancel()`` tells the engine to drop the requests that are still running.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import weakref
 from typing import Any, Protocol
 
 from kvserve.engine.request import (
@@ -24,6 +28,45 @@ from kvserve.server.errors import ApiError, from_event
 log = logging.getLogger("kvserve.server")
 
 POLL_S = 1.0  # how often a waiting handler checks for a client disconnect (HTTP_POLLING_SECONDS)
+
+
+class Mailbox:
+    """Events from the engine thread to queues of one event loop, delivered in posting order."""
+
+    _of: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = weakref.WeakKeyDictionary()
+    _of_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue[EngineEvent], EngineEvent]] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> Mailbox:
+        with cls._of_lock:
+            box = cls._of.get(loop)
+            if box is None:
+                box = cls._of[loop] = cls(loop)
+            return box
+
+    def post(self, queue: asyncio.Queue[EngineEvent], ev: EngineEvent) -> None:
+        """Any thread. Raises RuntimeError when the loop is closed."""
+        with self._lock:
+            self._items.append((queue, ev))
+            if len(self._items) > 1:  # a delivery is already scheduled and has not run yet
+                return
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:
+            with self._lock:
+                self._items.clear()
+            raise
+
+    def _deliver(self) -> None:  # on the loop
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, ev in items:
+            queue.put_nowait(ev)
 
 
 class Disconnectable(Protocol):
@@ -43,6 +86,7 @@ class Dispatch:
         self.engine = engine
         self.timeout = timeout if timeout and timeout > 0 else None
         self.loop = loop or asyncio.get_running_loop()
+        self.mailbox = Mailbox.of(self.loop)
         self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
         self.ids: list[int] = []
         self.pending: set[int] = set()
@@ -53,7 +97,7 @@ class Dispatch:
     # engine thread -------------------------------------------------------------------
     def emit(self, ev: EngineEvent) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+            self.mailbox.post(self.queue, ev)
         except RuntimeError:  # event loop closed (shutdown): nobody is listening any more
             pass
 
