@@ -62,3 +62,7 @@ class RunOutput:
 
     logits: dict[int, object]
     forward_s: float = 0.0
+    # The same "last" rows as one float32 tensor [n, vocab] (row batch_rows[seq_id]), when the
+    # runner has them in one piece: the sampler takes them without slicing and stacking.
+    batch: object | None = None
+    batch_rows: dict[int, int] | None = None

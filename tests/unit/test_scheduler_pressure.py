@@ -167,15 +167,22 @@ def test_exception_in_schedule_fails_only_the_request_it_touches() -> None:
     h.assert_idle()
 
 
-def test_exception_in_sampling_fails_the_sampled_requests_only() -> None:
+def _broken(at_launch: bool):
+    def boom(*_a):
+        raise RuntimeError("sampler broke")
+
+    return boom if at_launch else (lambda *_a: boom)  # sample_async fails, or the wait for its result
+
+
+@pytest.mark.parametrize("at_launch", [True, False])
+def test_exception_in_sampling_fails_the_sampled_requests_only(at_launch: bool) -> None:
     h = Harness(n_pages=32, page_size=4, n_slots=2, n_batch=6)
     _, a = h.submit([1, 2, 3], 5)
     h.step()  # a's prompt is done; a decodes from now on
     _, b = h.submit(list(range(10, 30)), 3)  # b's prompt needs several steps of chunks
-    sample = h.sch.sampling.sample
-    h.sch.sampling.sample = lambda *a_: (_ for _ in ()).throw(RuntimeError("sampler broke"))
+    h.sch.sampling.sample_async = _broken(at_launch)
     h.step()  # samples a only (b is mid-prompt)
-    h.sch.sampling.sample = sample
+    del h.sch.sampling.sample_async
     h.run()
     assert a.error is not None and a.error.message == "got exception: sampler broke"
     assert b.final is not None and b.final.tokens == reference(list(range(10, 30)), 3)

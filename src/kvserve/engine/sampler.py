@@ -186,7 +186,7 @@ def sample_batch(logits: Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     if any(s.vocab_size != V for s in samplers) or logits.shape[1] < V:
         raise ValueError("all samplers must share vocab_size <= logits.shape[1]")
     raw = logits[:, :V].float()
-    if sampler_fast.enabled() and all(sampler_fast.eligible(s) for s in samplers):
+    if sampler_fast.applies(samplers):
         return [SampleResult(t, 0.0) for t in sampler_fast.sample_tokens(raw, samplers)]
     results = _sample_groups(raw, samplers)
     redo = [i for i, s in enumerate(samplers)

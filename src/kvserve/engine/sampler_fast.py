@@ -58,9 +58,37 @@ def enabled() -> bool:
     return os.environ.get("KVSERVE_FAST_SAMPLER", "1") != "0"
 
 
+def applies(samplers: Sequence[SequenceSampler]) -> bool:
+    """Whether a step over these rows takes the fast path (``KVSERVE_FAST_SAMPLER=0``: never)."""
+    return enabled() and bool(samplers) and all(eligible(s) for s in samplers)
+
+
 def sample_tokens(raw: Tensor, samplers: Sequence[SequenceSampler]) -> list[int]:
     """One token per row of ``raw`` [B, V] (float32) for rows that are all ``eligible``.
     Draws one uniform from each sampling (non-greedy) row's generator."""
+    return launch(raw, samplers).tolist()
+
+
+class Pending:
+    """Tokens on their way to the host: ``tokens()`` waits for them (the only wait)."""
+
+    def __init__(self, dev_tokens: Tensor) -> None:
+        if dev_tokens.is_cuda:
+            self._host = torch.empty(dev_tokens.shape, dtype=dev_tokens.dtype, pin_memory=True)
+            self._host.copy_(dev_tokens, non_blocking=True)
+            self._event: torch.cuda.Event | None = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = dev_tokens, None
+
+    def tokens(self) -> list[int]:
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()
+
+
+def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
+    """``sample_tokens`` without the wait: the tokens as a device tensor [B] (int64)."""
     dev = raw.device
     dist = [i for i, s in enumerate(samplers) if s.final == "dist"]
     if len(dist) < len(samplers):
@@ -82,7 +110,7 @@ def sample_tokens(raw: Tensor, samplers: Sequence[SequenceSampler]) -> list[int]
             tokens = picked
         else:
             tokens[torch.tensor(dist, device=dev)] = picked
-    return tokens.tolist()
+    return tokens
 
 
 def _dist(x: Tensor, cols: Tensor, k_max: int) -> Tensor:

@@ -4,10 +4,12 @@ EOG set and DRY sequence breakers, and one batched sampling call per step."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from ..plan import RunOutput
+from . import sampler_fast
 from .dry import build_dry_breakers
 from .sampler import SampleResult, sample_batch
 from .sampler_state import SequenceSampler
@@ -48,7 +50,21 @@ class Sampling:
         return sampler
 
     def sample(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> list[SampleResult]:
-        results = sample_batch(logits, samplers)
+        return self._accept(sample_batch(logits, samplers), samplers)
+
+    def sample_async(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> Callable[[], list[SampleResult]]:
+        """``sample`` in two halves: the returned function gives the results. On the fast path the
+        work is queued on the logits' device now and the function waits for its one copy back, so
+        the caller can do host work in between; otherwise everything happens in the function."""
+        v = samplers[0].vocab_size if samplers else 0
+        if sampler_fast.applies(samplers) and logits.dim() == 2 and logits.shape[0] == len(samplers) \
+                and logits.shape[1] >= v and all(s.vocab_size == v for s in samplers):
+            raw = logits[:, :v].float()
+            pending = sampler_fast.Pending(sampler_fast.launch(raw, samplers))
+            return lambda: self._accept([SampleResult(t, 0.0) for t in pending.tokens()], samplers)
+        return lambda: self.sample(logits, samplers)
+
+    def _accept(self, results: list[SampleResult], samplers: list[SequenceSampler]) -> list[SampleResult]:
         for i, (s, r) in enumerate(zip(samplers, results)):
             forced = s.budget.forced_token() if s.budget is not None else None
             if forced is not None:  # the reasoning budget is spent: its end is written instead
@@ -58,3 +74,15 @@ class Sampling:
                 if s.budget is not None:
                     s.budget.accept(r.token)
         return results
+
+
+def logit_rows(out: RunOutput, seq_ids: list[int]) -> torch.Tensor:
+    """[len(seq_ids), V]: the last logits row of each sequence, taken from the step's batch
+    tensor when the runner gave one (no per-row slicing and stacking), else stacked."""
+    b, where = out.batch, out.batch_rows
+    if isinstance(b, torch.Tensor) and where is not None and all(s in where for s in seq_ids):
+        idx = [where[s] for s in seq_ids]
+        if idx == list(range(b.shape[0])):
+            return b
+        return b[torch.tensor(idx, device=b.device)]
+    return torch.stack([out.logits[s][-1] for s in seq_ids])  # type: ignore[index]

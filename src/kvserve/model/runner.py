@@ -90,6 +90,8 @@ class ModelRunner:
             with record_function("kvserve.moves"):
                 self.kv.apply_moves(plan.moves)
         parts: dict[int, list[torch.Tensor]] = {}
+        batches = self._micro_batches(plan.chunks)
+        single: tuple[torch.Tensor, dict[int, int]] | None = None  # one logits tensor of "last" rows
         if self.graphs is not None and self._graph_plan(plan):
             bucket = self.graphs.bucket(len(plan.chunks))
             if bucket is not None:
@@ -97,8 +99,9 @@ class ModelRunner:
                 with record_function("kvserve.graph_replay"):
                     logits = self.graphs.run(bucket, seqs, [c.tokens[0] for c in plan.chunks])
                 out = {c.seq_id: logits[i : i + 1] for i, c in enumerate(plan.chunks)}
-                return RunOutput(logits=out, forward_s=time.perf_counter() - t0)
-        for batch in self._micro_batches(plan.chunks):
+                rows = {c.seq_id: i for i, c in enumerate(plan.chunks)}
+                return RunOutput(logits=out, forward_s=time.perf_counter() - t0, batch=logits, batch_rows=rows)
+        for batch in batches:
             rf = record_function("kvserve.inputs")
             rf.__enter__()
             ids = [tok for p in batch for tok in p.chunk.tokens[p.offset : p.offset + p.n]]
@@ -122,12 +125,15 @@ class ModelRunner:
             if rows:
                 sel = hidden if len(rows) == q else hidden[torch.tensor(rows, device=self.device)]
                 logits = self.model.logits(sel)
+                if len(batches) == 1 and all(n == 1 for _, n in owners):
+                    single = (logits, {sid: j for j, (sid, _) in enumerate(owners)})
                 i = 0
                 for seq_id, n in owners:
                     parts.setdefault(seq_id, []).append(logits[i : i + n])
                     i += n
         out = {sid: (ts[0] if len(ts) == 1 else torch.cat(ts)) for sid, ts in parts.items()}
-        return RunOutput(logits=out, forward_s=time.perf_counter() - t0)
+        b, rows = single if single is not None else (None, None)
+        return RunOutput(logits=out, forward_s=time.perf_counter() - t0, batch=b, batch_rows=rows)
 
     @torch.inference_mode()
     def hidden_states(self, tokens: list[int], page_table: tuple[int, ...]) -> torch.Tensor:
