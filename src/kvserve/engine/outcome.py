@@ -34,6 +34,7 @@ def push_token(
     if done:
         text += seq.streamer.flush(hit is not None)
     seq.content.append(text)
+    seq.has_new_line = seq.has_new_line or "\n" in text
     if p.stream and (text or probs or (first and p.return_progress)):
         tim = None
         if p.timings_per_token:
@@ -49,6 +50,7 @@ def grammar_stop(seq: Sequence) -> bool:
     seq.stop_type = "grammar"
     text = seq.streamer.flush(False)
     seq.content.append(text)
+    seq.has_new_line = seq.has_new_line or "\n" in text
     if seq.req.params.stream and text:
         seq.emit(TokenEvent(seq.id, seq.req.index, text, [], seq.n_decoded, seq.n_prompt, [], n_cached=seq.n_cached))
     return True
@@ -107,7 +109,7 @@ def final_event(seq: Sequence, tokenizer: Any) -> FinalEvent:
         prompt_ms=seq.prompt_ms(),
         predicted_ms=seq.predicted_ms(),
         probs=final_probs(seq, tokenizer),
-        has_new_line="\n" in "".join(seq.content),
+        has_new_line=seq.has_new_line,
     )
 
 

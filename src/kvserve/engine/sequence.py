@@ -49,6 +49,7 @@ class Sequence:
     n_preempted: int = 0  # times its KV was taken back
     pending_moves: tuple = ()
     content: list[str] = field(default_factory=list)
+    has_new_line: bool = False  # some released text holds a new line (kept as text is added)
     generated: list[int] = field(default_factory=list)
     probs: list[TokenProb] = field(default_factory=list)
     stop_type: str = "none"
