@@ -103,9 +103,11 @@ class SequenceSampler:
             bias += [(t, NEG_INF) for t in self.eog_ids]
         self.bias = [(t, b) for t, b in bias if 0 <= t < self.vocab_size]
 
-        hist = [t for t in map(int, history) if 0 <= t < self.vocab_size]
         n_pen = params.repeat_last_n
         self._pen_on = "penalties" in self.plan
+        self._dry_on = "dry" in self.plan
+        # the accepted history matters only to the penalty and DRY windows
+        hist = [t for t in map(int, history) if 0 <= t < self.vocab_size] if self._pen_on or self._dry_on else []
         self._pen_win: deque[int] = deque(maxlen=n_pen if n_pen > 0 else None)
         self._pen_counts: Counter[int] = Counter()
         if self._pen_on:
@@ -117,7 +119,6 @@ class SequenceSampler:
             n_dry = n_ctx_train
         if n_ctx_train > 0 and n_dry > 0:
             n_dry = min(n_dry, n_ctx_train)
-        self._dry_on = "dry" in self.plan
         self._dry_win: deque[int] = deque(maxlen=n_dry if n_dry > 0 else None)
         self.dry_breakers: DryBreakers = dry_breakers or {}
         if self._dry_on:

@@ -31,9 +31,19 @@ class Slot:
         return self.seq_id is not None
 
 
+_LCP_BLOCK = 128
+
+
 def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the common prefix. Whole blocks are compared as slices (a C loop), then the
+    first differing block element by element: choosing a slot compares every idle slot's
+    tokens with every new prompt, thousands of tokens each."""
+    if type(a) is not type(b):  # a list slice never equals a tuple slice
+        a, b = list(a), list(b)
     n = min(len(a), len(b))
     i = 0
+    while i + _LCP_BLOCK <= n and a[i : i + _LCP_BLOCK] == b[i : i + _LCP_BLOCK]:
+        i += _LCP_BLOCK
     while i < n and a[i] == b[i]:
         i += 1
     return i
