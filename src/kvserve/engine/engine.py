@@ -5,7 +5,10 @@ into the engine thread through a queue and come back as events through the reque
 ``emit`` callback. The thread sleeps on the queue when there is nothing to do.
 
 Snapshots: after every schedule, step and queue drain the thread publishes an immutable
-``EngineSnapshot`` by replacing one reference; readers never wait for a step.
+``EngineSnapshot`` by replacing one reference; readers never wait for a step. A schedule that
+made a decode-only step and launched, released or preempted nothing is not published on its
+own (its snapshot would differ from the previous one only in page counters); the end of its
+step is.
 
 Failures: an exception while scheduling or committing one request fails that request (500,
 ``got exception: ...``); a failed forward fails the requests of that step ("Compute error.").
@@ -122,6 +125,7 @@ class Engine:
         self.step_hook: Callable[[Engine], None] | None = None
         self.slot_save_path = opts.slot_save_path
         self.fatal: str | None = None  # why the engine stopped serving (None: it serves)
+        self._changes_published = -1
         self._snap: EngineSnapshot = build_snapshot(self.scheduler, self.cache, page_bytes)
         self._scrape_lock = threading.Lock()  # /metrics scrapers only; never the engine thread
         self._scraped_rates = self._snap.rates
@@ -295,6 +299,7 @@ class Engine:
             emit(ErrorEvent(req.id, req.index, 500, f"got exception: {e}", "server_error"))
 
     def _publish(self) -> None:
+        self._changes_published = self.scheduler.n_changes
         self._snap = build_snapshot(self.scheduler, self.cache, self.page_bytes)
 
     def _loop(self) -> None:
@@ -325,7 +330,8 @@ class Engine:
         plan = sch.schedule()
         if plan is None:
             return False
-        self._publish()  # what is running during the forward (admissions, slots)
+        if sch.n_changes != self._changes_published or any(len(c.tokens) != 1 for c in plan.chunks):
+            self._publish()  # what is running during the forward (admissions, slots)
         t1 = time.perf_counter()
         try:
             out = self.runner.run(plan)

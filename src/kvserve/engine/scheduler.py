@@ -15,13 +15,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
-import torch
-
 from ..cache.page_pool import OutOfPages
 from .outcome import cancelled_event, final_event, grammar_stop, push_token, record_finish
 from .output import TextOutput
 from ..plan import Plan, RunOutput, SeqChunk
 from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent
+from .sampling import logit_rows
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
 from .snapshot import IDLE, NextToken
@@ -68,6 +67,7 @@ class Scheduler:
         self.cancelled: set[int] = set()
         self.stats = EngineStats()
         self.eog = frozenset(tokenizer.eog_ids)
+        self.n_changes = 0  # launches, releases and preemptions so far (what slot views show)
 
     # -- intake ----------------------------------------------------------------------------
     def add(self, req: GenerationRequest, emit: Emit) -> None:
@@ -221,6 +221,7 @@ class Scheduler:
         seq.n_computed = 0
         seq.n_preempted += 1
         self.stats.preemptions += 1
+        self.n_changes += 1
 
     def _apply_cancellations(self) -> None:
         if not self.cancelled:
@@ -262,6 +263,7 @@ class Scheduler:
         self.waiting = kept
 
     def _launch(self, req: GenerationRequest, emit: Emit, slot: Slot) -> None:
+        self.n_changes += 1
         params = req.params
         ns = self.namespace(req.identity, slot.id)
         sampler = self.sampling.make(params.sampling, list(req.prompt_tokens), params.grammar,
@@ -372,47 +374,48 @@ class Scheduler:
     def commit(self, plan: Plan, out: RunOutput) -> None:
         """Advance counters, publish computed pages, sample, apply stop rules and emit. An
         exception while handling one sequence fails that sequence; one in the batched
-        sampling call fails the sequences being sampled."""
+        sampling call fails the sequences being sampled. Sampling is queued on the device
+        first, so the bookkeeping of the step runs while the device samples."""
         now = time.perf_counter()
-        to_sample: list[tuple[Sequence, torch.Tensor]] = []
-        for chunk in plan.chunks:
-            seq = self.running.get(chunk.seq_id)
-            if seq is None or seq.cancelled or seq.state is SeqState.DONE:
-                continue
-            row = self._guarded(seq, self._advance, seq, chunk, out, now)
-            if row is not None:
-                to_sample.append((seq, row))
+        live = [(seq, c) for c in plan.chunks if (seq := self.running.get(c.seq_id)) is not None
+                and not seq.cancelled and seq.state is not SeqState.DONE]
+        due = [seq for seq, c in live
+               if seq.state is not SeqState.PREFILL or seq.n_computed + len(c.tokens) >= seq.n_target]
+        resolve = None
+        if due:
+            try:
+                rows = logit_rows(out, [s.id for s in due])
+                resolve = self.sampling.sample_async(rows, [s.sampler for s in due])
+            except Exception as e:  # noqa: BLE001 - fails the sampled requests, not the server
+                self.crash(due, e)
+        for seq, chunk in live:
+            if not seq.cancelled:
+                self._guarded(seq, self._advance, seq, chunk, now)
         self.stats.n_decode_total += 1
         self.stats.busy_slots_sum += sum(1 for s in self.slots if s.busy)
-        if not to_sample:
+        if resolve is None:
             return
         try:
-            rows = torch.stack([r for _, r in to_sample])
-            results = self.sampling.sample(rows, [s.sampler for s, _ in to_sample])
-        except Exception as e:  # noqa: BLE001 - fails the sampled requests, not the server
-            self.crash([s for s, _ in to_sample], e)
+            results = resolve()
+        except Exception as e:  # noqa: BLE001
+            self.crash([s for s in due if not s.cancelled], e)
             return
-        for (seq, _), res in zip(to_sample, results):
-            self._guarded(seq, self._on_token, seq, res, now)
+        for seq, res in zip(due, results):
+            if not seq.cancelled and seq.state is not SeqState.DONE:
+                self._guarded(seq, self._on_token, seq, res, now)
 
-    def _advance(self, seq: Sequence, chunk: SeqChunk, out: RunOutput, now: float) -> torch.Tensor | None:
-        """Account for ``chunk``'s tokens; the logits row to sample from, if one is due."""
+    def _advance(self, seq: Sequence, chunk: SeqChunk, now: float) -> None:
+        """Account for ``chunk``'s tokens (the sampling of a due row is the caller's)."""
         seq.n_computed += len(chunk.tokens)
-        row = None
         if seq.state is SeqState.PREFILL:
             if seq.n_preempted == 0:
                 seq.n_evaluated_prompt += len(chunk.tokens)
                 self._progress(seq, now)
-            if seq.n_computed >= seq.n_target:
-                if seq.n_decoded == 0:
-                    seq.t_prompt_end = now
-                row = out.logits[seq.id][-1]
-        else:
-            row = out.logits[seq.id][-1]
+            if seq.n_computed >= seq.n_target and seq.n_decoded == 0:
+                seq.t_prompt_end = now
         if seq.use_cache:
             self.cache.publish(seq.id, seq.tokens, seq.n_computed)
         self.stats.n_tokens_max = max(self.stats.n_tokens_max, seq.n_computed)
-        return row
 
     def _on_token(self, seq: Sequence, res: Any, now: float) -> None:
         p = seq.req.params
@@ -424,7 +427,7 @@ class Scheduler:
             done = push_token(seq, res, now, n_predict, self.tok, self.eog, self.cfg)
         self.slots[seq.slot_id].next_token = NextToken(
             has_next_token=not done,
-            has_new_line="\n" in "".join(seq.content),
+            has_new_line=seq.has_new_line,
             n_remain=(n_predict - seq.n_decoded) if n_predict >= 0 else -1,
             n_decoded=seq.n_decoded,
         )
@@ -475,6 +478,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence, donate: bool = True) -> None:
         """Take ``seq`` off its slot and give its pages back (donating its KV if allowed)."""
+        self.n_changes += 1
         seq.state = SeqState.DONE
         self.running.pop(seq.id, None)
         slot = self.slots[seq.slot_id]
