@@ -310,9 +310,10 @@ class Scheduler:
             for other in self.running.values():
                 if other is seq or other.state is not SeqState.PREFILL or other.namespace != seq.namespace:
                     continue
-                if not other.use_cache:
-                    continue
-                shared = lcp_len(other.tokens[: other.n_prompt], seq.tokens)
+                most = min(other.n_prompt, len(seq.tokens))  # the prefix they can share at most
+                if not other.use_cache or most - have < ps or other.n_computed >= (most // ps) * ps:
+                    continue  # nothing to wait for, whatever they share
+                shared = min(lcp_len(other.tokens, seq.tokens), other.n_prompt)
                 if shared - have >= ps and other.n_computed < (shared // ps) * ps:
                     return  # stay WAIT_SHARED; re-checked every step
         resumed = seq.state is SeqState.PREEMPTED
