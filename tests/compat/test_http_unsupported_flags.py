@@ -72,6 +72,23 @@ def test_no_jinja_prefill_matches_llama_server(smollm_meta: dict[str, Any]) -> N
     assert r.json()["prompt"].endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_jinja_prefill_joins_text_parts_with_a_blank_line(smollm_meta: dict[str, Any]) -> None:
+    """A continued assistant message's text parts are joined by a blank line, other messages' by a
+    newline (recorded from llama-server b10621 --jinja: /apply-template)."""
+    from kvserve.model.chat_template import ChatTemplate
+
+    eng = FakeEngine()
+    eng.chat_template = ChatTemplate.from_metadata(smollm_meta)  # type: ignore[assignment]
+    c, _ = client(eng)
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": parts}]
+    prompt = c.post("/apply-template", json={"messages": msgs}).json()["prompt"]
+    assert prompt.endswith("<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\nWh\n\nill")
+    msgs[1]["content"] = "Whill"
+    assert c.post("/apply-template", json={"messages": msgs}).json()["prompt"].endswith("<|im_start|>assistant\nWhill")
+
+
 def test_header_names_are_capitalized_like_llama_server() -> None:
     """cpp-httplib writes ``Content-Type``, ``Access-Control-Allow-Origin``...; clients that copy the
     headers into a plain dict (llama.cpp's own test suite does) look them up with that case."""

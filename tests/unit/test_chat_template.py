@@ -283,7 +283,7 @@ def test_prefill_assistant(smollm_meta: dict[str, Any]) -> None:
     parts = [{"type": "text", "text": "The"}, {"type": "text", "text": " end"}]
     msgs = [USER, {"role": "assistant", "content": parts}]
     prefilled = tmpl.render(msgs, add_generation_prompt=False, prefill_assistant=True)
-    assert prefilled == tmpl.render([USER]) + "The end"
+    assert prefilled == tmpl.render([USER]) + "The\n\n end"  # text parts joined as llama.cpp continues them
     with pytest.raises(MessageFormatError, match="Cannot have 2 or more assistant messages"):
         tmpl.render([USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
                     prefill_assistant=True)

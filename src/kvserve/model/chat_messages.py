@@ -235,10 +235,11 @@ def arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def prefill_text(message: Mapping[str, Any]) -> str:
-    """The prefilled assistant text: typed parts are concatenated without separators."""
+    """The prefilled assistant text, as llama.cpp continues a final message
+    (``common_chat_msg::render_content``): text parts joined by a blank line."""
     content = message.get("content")
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "\n\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
     return content if isinstance(content, str) else ""
 
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from kvserve.model.chat_messages import MessageFormatError, request_messages
+from kvserve.model.chat_messages import MessageFormatError, prefill_text, request_messages
 from kvserve.server.chat_parsing import ChatSyntax
 from kvserve.server.chat_parsing.reasoning import REASONING_FORMATS, detect_think_tags
 from kvserve.server.chat_tools import (
@@ -140,9 +140,10 @@ def render_chat_full(body: dict[str, Any], tmpl: ChatTemplateLike | None, s: Ser
     with_gp = prompt if add_generation_prompt else _try_render(tmpl, messages, True, treq.tools, kwargs)
     without_gp = _try_render(tmpl, messages, False, treq.tools, kwargs)
     gen = generation_prompt(with_gp, without_gp) if with_gp is not None and without_gp is not None else ""
-    if last is not None:
-        prompt += str(last.get("content") or "")
-        gen += str(last.get("content") or "")
+    if last is not None:  # the raw message: its text parts are joined as llama.cpp continues them
+        text = prefill_text(body["messages"][-1])
+        prompt += text
+        gen += text
     syntax = build_syntax(treq, tmpl, _reasoning_format(body, s), gen, s.skip_chat_parsing)
     think_end = syntax.think.end if syntax.think is not None and syntax.opened else None
     return RenderedChat(prompt, gen, syntax, tool_call_grammar(treq, think_end))
