@@ -22,6 +22,8 @@ MIXED = [
     SamplingParams(seed=5, top_k=1),
     SamplingParams(seed=6, temperature=0.0),  # greedy
     SamplingParams(seed=7, top_k=64, min_keep=1, temperature=2.0),
+    SamplingParams(seed=8, logit_bias=((3, 5.0), (7, float("-inf")), (3, 1.0))),  # biases, one token twice
+    SamplingParams(seed=9, temperature=0.0, logit_bias=((11, 4.0),)),  # greedy over biased logits
 ]
 
 
@@ -47,18 +49,21 @@ def _run(params: list[SamplingParams], steps: int, device: str, fast: bool, monk
 
 def test_eligibility() -> None:
     ok = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_k=7, top_p=1.0, min_p=0.0),
-          SamplingParams(samplers=("top_k", "min_p", "temperature"))]
+          SamplingParams(samplers=("top_k", "min_p", "temperature")), SamplingParams(logit_bias=((3, 1.0),))]
     for p in ok:
         assert sampler_fast.eligible(SequenceSampler(p, V)), p
-    no = [SamplingParams(n_probs=3), SamplingParams(logit_bias=((3, 1.0),)), SamplingParams(repeat_penalty=1.1),
+    no = [SamplingParams(n_probs=3), SamplingParams(repeat_penalty=1.1),
           SamplingParams(top_k=0), SamplingParams(top_k=1000), SamplingParams(typical_p=0.5),
           SamplingParams(mirostat=2), SamplingParams(dynatemp_range=0.5), SamplingParams(min_keep=5),
           SamplingParams(samplers=("temperature", "top_k")), SamplingParams(xtc_probability=0.5),
           SamplingParams(temperature=0.0, repeat_penalty=1.2)]
     for p in no:
         assert not sampler_fast.eligible(SequenceSampler(p, V)), p
-    ignore_eos = SequenceSampler(SamplingParams(ignore_eos=True), V, eog_ids=(0,))
-    assert not sampler_fast.eligible(ignore_eos)
+    ignore_eos = SequenceSampler(SamplingParams(ignore_eos=True, temperature=0.0), V, eog_ids=(0,))
+    assert sampler_fast.eligible(ignore_eos)
+    x = torch.zeros(1, V)
+    x[0, 0] = 10.0  # the end-of-generation token is the argmax, and banned
+    assert sampler_fast.sample_tokens(x, [ignore_eos]) == [1]
 
 
 @pytest.mark.parametrize("device", DEVS)

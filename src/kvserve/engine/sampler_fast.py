@@ -7,8 +7,9 @@ It serves a step when every row's chain is one of:
     top_k [top_p] [min_p] [temperature] dist (in this order, 1 <= top_k <= FAST_TOP_K,
                                               temperature > 0, no dynatemp, min_keep <= 1)
 
-and no row has a grammar, logit biases (``ignore_eos`` included) or ``n_probs``. Any other
-step takes the full chain (``sampler.sample_batch``'s groups), which stays the reference.
+and no row has a grammar or ``n_probs``. Logit biases (``ignore_eos`` included) are added first,
+as the chain adds them. Any other step takes the full chain (``sampler.sample_batch``'s groups),
+which stays the reference.
 
 Same arithmetic and the same draw as the chain: the rows' stages run side by side (a row
 whose stage is inactive gets its neutral parameter: top_p 1 keeps everything, min_p 0 keeps
@@ -43,7 +44,7 @@ def _is_subsequence(plan: tuple[str, ...], order: tuple[str, ...]) -> bool:
 def eligible(s: SequenceSampler) -> bool:
     """Whether the fast path computes exactly this row's chain."""
     p = s.params
-    if s.grammar is not None or s.bias or p.n_probs > 0:
+    if s.grammar is not None or p.n_probs > 0:
         return False
     if s.final == "greedy":
         return not s.plan
@@ -90,6 +91,12 @@ class Pending:
 def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
     """``sample_tokens`` without the wait: the tokens as a device tensor [B] (int64)."""
     dev = raw.device
+    bias = [(i, t, b) for i, s in enumerate(samplers) for t, b in s.bias]
+    if bias:  # as the chain's input: the biases added to a copy of the logits
+        raw = raw.clone()
+        r, t, b = zip(*bias)
+        raw.index_put_((torch.tensor(r, device=dev), torch.tensor(t, device=dev)),
+                       torch.tensor(b, dtype=raw.dtype, device=dev), accumulate=True)
     dist = [i for i, s in enumerate(samplers) if s.final == "dist"]
     if len(dist) < len(samplers):
         tokens = raw.argmax(-1)
