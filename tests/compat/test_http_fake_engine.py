@@ -25,6 +25,7 @@ from kvserve.engine.request import (
     TokenProb,
 )
 from kvserve.engine.snapshot import IDLE, SlotView
+from kvserve.engine.stats import timings
 from kvserve.server.app import create_app
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.settings import ServerSettings
@@ -156,7 +157,8 @@ class FakeEngine:
             return
         p = req.params
         if p.return_progress:
-            emit(ProgressEvent(req.id, req.index, n_prompt, 0, n_prompt, 1.5))
+            tim = timings(n_prompt, 0, 0, 1.5, 0.0) if p.timings_per_token else None
+            emit(ProgressEvent(req.id, req.index, n_prompt, 0, n_prompt, 1.5, tim))
         limit = 10**9 if self.endless else (p.n_predict if p.n_predict > 0 else (1 if p.n_predict == 0 else 8))
         text, tokens, probs, stop_type, word = "", [], [], "limit", ""
         i = 0

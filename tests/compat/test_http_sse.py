@@ -95,8 +95,14 @@ def test_keepalive_ping_in_silence() -> None:
 def test_progress_events() -> None:
     c, _ = client()
     _, ev = stream(c, "/completion", {"prompt": "abc", "n_predict": 1, "return_progress": True})
-    assert ev[0]["prompt_progress"] == {"total": 4, "cache": 0, "processed": 4, "time_ms": 1.5}
-    assert ev[0]["content"] == ""
+    assert ev[0]["prompt_progress"] == {"total": 4, "cache": 0, "processed": 4, "time_ms": 1}  # int, as llama-server
+    assert ev[0]["content"] == "" and "timings" not in ev[0]
+    for path, body in (("/completion", {"prompt": "abc", "n_predict": 1}),
+                       ("/v1/chat/completions", {**CHAT, "max_tokens": 1})):
+        _, ev = stream(c, path, {**body, "return_progress": True, "timings_per_token": True})
+        prog = ev[0]["prompt_progress"]  # the fake engine reports the whole prompt processed
+        assert ev[0]["timings"]["prompt_n"] == prog["processed"] and ev[0]["timings"]["prompt_ms"] == 1.5
+        assert ev[0]["timings"]["predicted_n"] == 0 and "prompt_progress" in ev[0]
     _, ev = stream(c, "/v1/chat/completions", {**CHAT, "max_tokens": 1, "return_progress": True})
     assert ev[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
     assert "prompt_progress" in ev[0]

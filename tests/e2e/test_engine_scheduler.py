@@ -284,6 +284,9 @@ def test_progress_events_and_timings_per_token(smollm, tok):
     progress = [e for e in col.events if isinstance(e, ProgressEvent)]
     assert progress[0].processed == 0 and progress[-1].processed == len(ids)
     assert len(progress) == 1 + -(-len(ids) // 64)  # the 0% event, then one per prompt chunk
+    assert all(e.timings is not None for e in progress)  # timings_per_token: the prompt's timings so far
+    assert [e.timings["prompt_n"] for e in progress] == [e.processed for e in progress]
+    assert progress[0].timings["prompt_ms"] == 0.0 and progress[-1].timings["prompt_ms"] > 0
     toks = [e for e in col.events if isinstance(e, TokenEvent)]
     assert toks and all(e.timings is not None and e.timings["prompt_n"] == len(ids) for e in toks)
     assert [e.timings["predicted_n"] for e in toks] == list(range(1, len(toks) + 1))

@@ -102,6 +102,7 @@ class ProgressEvent:
     cache: int
     processed: int
     time_ms: float
+    timings: dict[str, Any] | None = None  # with timings_per_token: prompt_n/prompt_ms so far
 
 
 @dataclass

@@ -24,7 +24,7 @@ from .sampling import logit_rows
 from .sequence import Sequence, SeqState
 from .slots import Slot, choose_slot, lcp_len
 from .snapshot import IDLE, NextToken
-from .stats import EngineStats
+from .stats import EngineStats, timings
 
 log = logging.getLogger("kvserve.engine")
 T = TypeVar("T")
@@ -350,7 +350,8 @@ class Scheduler:
         p = seq.req.params
         if p.stream and p.return_progress:
             ms = (now - seq.t_prompt_start) * 1000.0 if seq.t_prompt_start else 0.0
-            seq.emit(ProgressEvent(seq.id, seq.req.index, seq.n_prompt, seq.n_cached, seq.n_computed, ms))
+            tim = timings(seq.n_computed, seq.n_cached, 0, ms, 0.0) if p.timings_per_token else None
+            seq.emit(ProgressEvent(seq.id, seq.req.index, seq.n_prompt, seq.n_cached, seq.n_computed, ms, tim))
 
     def _context_shift(self, seq: Sequence) -> None:
         n_ctx = self.cfg.n_ctx_slot

@@ -35,7 +35,16 @@ def frame(obj: Any) -> str:
 
 
 def _progress(ev: ProgressEvent) -> dict[str, Any]:
-    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": ev.time_ms}
+    """``prompt_progress`` (``time_ms`` whole milliseconds, as llama-server's int64)."""
+    return {"total": ev.total, "cache": ev.cache, "processed": ev.processed, "time_ms": int(ev.time_ms)}
+
+
+def _with_progress(out: dict[str, Any], ev: ProgressEvent) -> dict[str, Any]:
+    """A progress chunk: ``timings`` so far (with ``timings_per_token``), then ``prompt_progress``."""
+    if ev.timings:
+        out["timings"] = ev.timings
+    out["prompt_progress"] = _progress(ev)
+    return out
 
 
 class NativeFormat:
@@ -63,8 +72,7 @@ class NativeFormat:
 
     def progress(self, ev: ProgressEvent) -> list[Any]:
         out = self._partial(ev.index, "", [], 0, ev.total)
-        out["prompt_progress"] = _progress(ev)
-        return [out]
+        return [_with_progress(out, ev)]
 
     def final(self, ev: FinalEvent) -> list[Any]:
         obj = R.native_final(ev, self.ctx, stream=True)
@@ -94,8 +102,7 @@ class OAICompletionFormat(NativeFormat):
 
     def progress(self, ev: ProgressEvent) -> list[Any]:
         out = self._chunk({"text": "", "index": ev.index, "logprobs": None, "finish_reason": None})
-        out["prompt_progress"] = _progress(ev)
-        return [out]
+        return [_with_progress(out, ev)]
 
     def final(self, ev: FinalEvent) -> list[Any]:
         out = self._chunk({"text": "", "index": ev.index, "logprobs": None,
@@ -159,8 +166,7 @@ class OAIChatFormat(NativeFormat):
 
     def progress(self, ev: ProgressEvent) -> list[Any]:
         out = self._role(ev.index)
-        out["prompt_progress"] = _progress(ev)
-        return [out]
+        return [_with_progress(out, ev)]
 
     def final(self, ev: FinalEvent) -> list[Any]:
         out = self._begin(ev.index)
