@@ -290,3 +290,23 @@ def test_prefill_assistant(smollm_meta: dict[str, Any]) -> None:
     # without prefill the assistant turn is closed as usual
     closed = tmpl.render(msgs, add_generation_prompt=False)
     assert closed.endswith("<|im_start|>assistant\nThe\n end<|im_end|>\n")
+
+
+def test_strings_concatenate_with_undefined_and_none_as_in_llama_cpp() -> None:
+    from kvserve.model.jinja_env import make_env
+
+    env = make_env()
+    out = env.from_string("{{ 'a' + missing + 'b' }}|{{ nothing + 'c' }}|{{ 'd' + nothing }}|{{ 1 + 2 }}")
+    assert out.render(nothing=None) == "ab|c|d|3"
+    with pytest.raises(Exception):
+        env.from_string("{{ 1 + missing }}").render()  # only string concatenation is relaxed
+
+
+def test_templates_see_todays_date_as_llama_server_passes_it(smollm_meta: dict[str, Any]) -> None:
+    import datetime
+
+    meta = {**smollm_meta, "tokenizer.chat_template": "{{ date_string }}|{{ datetime }}"}
+    tmpl = ChatTemplate.from_metadata(meta)
+    today = datetime.date.today()
+    assert tmpl.render([USER]) == today.strftime("%d %b %Y") + "|" + today.strftime("%b %d %Y")
+    assert tmpl.render([USER], date_string="x") == "x|" + today.strftime("%b %d %Y")  # chat_template_kwargs win

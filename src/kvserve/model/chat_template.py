@@ -5,7 +5,8 @@
   the startup example).
 * Rendering follows HuggingFace's environment (sandboxed, ``trim_blocks``/``lstrip_blocks``,
   ``raise_exception``, ``strftime_now``, ``tojson``) with the variables llama-server passes
-  (``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``tools`` and extra kwargs).
+  (``messages``, ``bos_token``, ``eos_token``, ``add_generation_prompt``, ``tools``, today's
+  ``date_string``/``datetime`` and extra kwargs, which may replace those two).
 * Messages are validated by ``chat_messages`` (llama-server's checks and messages); llama.cpp's
   built-in formats (``--no-jinja``) live in ``chat_formats`` and ``chat_detect``.
 """
@@ -27,7 +28,7 @@ from kvserve.model.chat_messages import (
     validate_messages,
     validate_tools,
 )
-from kvserve.model.jinja_env import TemplateRaised, make_env
+from kvserve.model.jinja_env import TemplateRaised, date_variables, make_env
 from kvserve.model.tokenizer import Tokenizer, VocabInfo
 
 __all__ = ["CHATML_TEMPLATE", "ChatTemplate", "ChatTemplateError", "MessageFormatError", "resolve_override",
@@ -226,7 +227,7 @@ class ChatTemplate:
             return apply_format(self.builtin, chat, add_generation_prompt) + prefill
         assert self._template is not None
 
-        context: dict[str, Any] = dict(kwargs)
+        context: dict[str, Any] = {**date_variables(), **kwargs}
         context.update(
             messages=msgs,
             bos_token=self.bos_token,
