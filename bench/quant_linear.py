@@ -1,8 +1,8 @@
 """One linear layer per weight layout on the CPU: ms per call against the rows of the input.
 
 For real model shapes (Qwen2.5-0.5B and SmolLM2-135M projections) and each layout the loader
-can choose — ``int4`` (Q4_* one plane), ``int4x2`` (Q5_*/Q8_0 two planes: int4 kernel for few
-rows, dequantize + bf16 GEMM for many), ``bf16``/``f32`` dense — prints CPU-time milliseconds
+can choose — ``int4`` (Q4_* one plane), ``int4x2`` (Q5_*/Q8_0 two planes; for many rows both
+layouts dequantize each weight once, ``int4.dequantize_t``, and use the bf16 GEMM), ``bf16``/``f32`` dense — prints CPU-time milliseconds
 per call (process CPU time, so that a shared machine's load matters less) and the weights/s.
 This is the measurement behind ``quant.linear.GEMV_MAX_ROWS``.
 
@@ -72,7 +72,7 @@ def main() -> None:
             for lay, mod in mods.items():
                 xb = x.to(torch.bfloat16)
                 row.append(cpu_ms(lambda: int4.matmul(xb, mod.packed, mod.scale_zero)))
-                row.append(cpu_ms(lambda: F.linear(xb, int4.dequantize(mod.packed, mod.scale_zero, k))))
+                row.append(cpu_ms(lambda: mod._dequant_gemm(xb)))
             wb = w.to(torch.bfloat16)
             row.append(cpu_ms(lambda: F.linear(x.to(torch.bfloat16), wb)))
             row.append(cpu_ms(lambda: F.linear(x, w)))

@@ -8,7 +8,8 @@ import torch
 
 from kvserve.plan import KVMove, Plan, SeqChunk
 from kvserve.model.loader import load_gguf
-from kvserve.model.rope import apply_rope, rope_cos_sin
+from kvserve.model.quant.linear import GEMV_MAX_ROWS
+from kvserve.model.rope import apply_rope, apply_rope_full, full_tables, rope_cos_sin
 from kvserve.model.runner import ModelRunner
 from kvserve.model.synth import SynthSpec, write_random_gguf
 
@@ -85,16 +86,18 @@ def test_alone_mixed_chunked_and_cached_agree(runner):
 
 
 def test_rope_shift_equals_recomputation(runner):
-    """Layer-0 keys of a token computed at p and shifted by d equal those computed at p + d."""
+    """Layer-0 keys of a token computed at p and shifted by d equal those computed at p + d.
+    Both prompts are longer than GEMV_MAX_ROWS, so quantized weights take one path for both."""
     kv = runner.kv
-    ids = _ids(40, 4)
-    runner.run(Plan((SeqChunk(0, tuple(ids), 0, (0, 1, 2), "none"),)))
-    d = 37
-    runner.run(Plan((SeqChunk(1, tuple(ids[:3]) * 0 + tuple(_ids(d, 5)) + tuple(ids), 0, tuple(range(3, 9)), "none"),)))
-    # Shift tokens at positions [0, 40) of pages (0,1,2) by +d into pages (10..13) at [d, d+40).
-    runner.run(Plan((), (KVMove((0, 1, 2), 0, tuple(range(10, 16)), d, 40, d),)))
-    rows_shift = kv.rows(tuple(range(10, 16)), d, 40)
-    rows_ref = kv.rows(tuple(range(3, 9)), d, 40)
+    n, d = GEMV_MAX_ROWS + 2, 37
+    ids = _ids(n, 4)
+    runner.run(Plan((SeqChunk(0, tuple(ids), 0, _pages(0, n), "none"),)))
+    ref_pages, dst_pages = _pages(10, n + d), _pages(30, n + d)
+    runner.run(Plan((SeqChunk(1, tuple(_ids(d, 5)) + tuple(ids), 0, ref_pages, "none"),)))
+    # Shift tokens at positions [0, n) of their pages by +d into other pages at [d, d + n).
+    runner.run(Plan((), (KVMove(_pages(0, n), 0, dst_pages, d, n, d),)))
+    rows_shift = kv.rows(dst_pages, d, n)
+    rows_ref = kv.rows(ref_pages, d, n)
     assert (kv.k[0][rows_shift] - kv.k[0][rows_ref]).abs().max().item() <= 1e-5
     assert torch.equal(kv.v[0][rows_shift], kv.v[0][rows_ref])
 
@@ -107,6 +110,35 @@ def test_rope_composes_exactly():
         b = apply_rope(x, *rope_cos_sin(p - 300, 32, 10000.0, 1.0, torch.float32), style)
         b = apply_rope(b, *rope_cos_sin(torch.full((64,), 300), 32, 10000.0, 1.0, torch.float32), style)
         assert (a - b).abs().max().item() <= 1e-5
+
+
+def test_full_rope_is_bit_for_bit_the_reference():
+    x = torch.randn(7, 5, 64)
+    cos, sin = rope_cos_sin(torch.tensor([0, 3, 99, 1000, 4095, 12345, 77]), 64, 10000.0, 1.0, torch.float32)
+    for style in ("norm", "neox"):
+        assert torch.equal(apply_rope_full(x, *full_tables(cos, sin, style), style), apply_rope(x, cos, sin, style))
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_decode_only_step_equals_the_same_query_in_a_mixed_batch(window):
+    """A step of decode queries alone (no row gather, no mask where nothing is hidden) gives what
+    the general path gives for the same queries next to a prefill chunk and a longer sequence."""
+    import kvserve.model.attention as attn
+
+    gen = torch.Generator().manual_seed(4)
+    k = torch.randn(64 * 16, 3, 64, generator=gen)
+    v = torch.randn(64 * 16, 3, 64, generator=gen)
+    q = torch.randn(6, 9, 64, generator=gen)
+    for length in (30, 70):  # within and beyond the window
+        one = [(length - 1, 1, list(range(5)))]
+        meta = attn.build_meta(one, 16, torch.device("cpu"))
+        assert meta.decode[0].whole
+        alone = attn.paged_attention(q[:1], k, v, meta, window, 0.125)
+        mixed_chunks = one + [(0, 4, list(range(10, 12))), (99, 1, list(range(20, 27)))]
+        mixed = attn.build_meta(mixed_chunks, 16, torch.device("cpu"))
+        assert not any(d.whole for d in mixed.decode)
+        got = attn.paged_attention(q, k, v, mixed, window, 0.125)[:1]
+        assert (alone - got).abs().max().item() <= 1e-6
 
 
 @pytest.mark.parametrize("window", [0, 40, 200])

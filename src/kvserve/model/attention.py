@@ -38,7 +38,15 @@ class DecodeGroup:
     key_pos: torch.Tensor  # int64 [B, Lmax]: position of each key, -1 for padding
     q_pos: torch.Tensor  # int64 [B]
     shared_rows: torch.Tensor | None = None  # int64 [n_shared]
+    whole: bool = False  # the batch's rows are exactly these queries, in order (a decode-only step)
+    lengths: tuple[int, ...] = ()  # keys of each query (own part, after the shared prefix)
     _masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def sdpa_mask(self, window: int) -> torch.Tensor | None:
+        """``own_mask``, or None where it hides nothing (no padding, every key in the window)."""
+        if len(set(self.lengths)) == 1 and (window <= 0 or self.lengths[0] <= window):
+            return None
+        return self.own_mask(window)
 
     def own_mask(self, window: int) -> torch.Tensor:
         """[B, 1, 1, Lmax] bool: own key visible to the query (causal, in window)."""
@@ -127,6 +135,8 @@ def paged_attention(
 
     Query at position p sees keys at positions j with j <= p and, when window > 0, p - j < window.
     """
+    if not meta.prefill and len(meta.decode) == 1 and meta.decode[0].whole and meta.decode[0].shared_rows is None:
+        return _padded_decode(q, k_cache, v_cache, meta.decode[0], window, scale)  # decode only
     out = torch.empty_like(q)
     ps = meta.page_size
     for s in meta.prefill:
@@ -175,7 +185,8 @@ def _gather(cache: torch.Tensor, d: DecodeGroup, dtype: torch.dtype) -> torch.Te
     """Own keys or values of a decode group: [B, Hkv, Lmax, D]."""
     b, lmax = d.kv_rows.shape
     x = cache.index_select(0, d.kv_rows.reshape(-1))
-    return x.view(b, lmax, cache.shape[1], cache.shape[2]).permute(0, 2, 1, 3).to(dtype)
+    x = x.view(b, lmax, cache.shape[1], cache.shape[2]).permute(0, 2, 1, 3)
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 def _padded_decode(
@@ -184,9 +195,9 @@ def _padded_decode(
     b = d.kv_rows.shape[0]
     _, h, hd = q.shape
     hkv = k_cache.shape[1]
-    qd = q.index_select(0, d.batch_idx).view(b, hkv, h // hkv, hd)
+    qd = (q if d.whole else q.index_select(0, d.batch_idx)).view(b, hkv, h // hkv, hd)
     k, v = _gather(k_cache, d, q.dtype), _gather(v_cache, d, q.dtype)
-    o = F.scaled_dot_product_attention(qd, k, v, attn_mask=d.own_mask(window), scale=scale)
+    o = F.scaled_dot_product_attention(qd, k, v, attn_mask=d.sdpa_mask(window), scale=scale)
     return o.reshape(b, h, hd)
 
 
@@ -261,6 +272,7 @@ def build_meta(
         plain.sort()
         tables = [dec_tables[i] for i in plain]
         decode.append(_decode_group([dec_idx[i] for i in plain], tables, 0, page_size, device))
+        decode[-1].whole = not prefill and len(plain) == q
     return AttnMeta(
         positions=torch.cat(positions).to(device),
         write_rows=torch.cat(writes).to(device),
@@ -292,6 +304,7 @@ def _decode_group(
         key_pos.to(device),
         qpos.to(device),
         shared_rows,
+        lengths=tuple(length - shared for _, length in tables),
     )
 
 

@@ -47,8 +47,8 @@ class PagedKVStore:
         return (pt[pos // self.page_size] * self.page_size + pos % self.page_size).to(self.device)
 
     def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_copy_(0, rows, k.to(self.dtype))
-        self.v[layer].index_copy_(0, rows, v.to(self.dtype))
+        self.k[layer].index_copy_(0, rows, k if k.dtype == self.dtype else k.to(self.dtype))
+        self.v[layer].index_copy_(0, rows, v if v.dtype == self.dtype else v.to(self.dtype))
 
     def apply_moves(self, moves: Sequence[KVMove]) -> None:
         """Execute copies / shifts in order. Each move reads all its source rows before writing."""

@@ -41,6 +41,28 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: Rop
     return out
 
 
+def full_tables(cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, rope_dim // 2] → (C, S) [T, 1, rope_dim] for ``apply_rope_full``."""
+    if style == "neox":
+        c, s = torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)
+    else:
+        c, s = cos.repeat_interleave(2, -1), torch.stack([-sin, sin], -1).flatten(-2)
+    return c.unsqueeze(1), s.unsqueeze(1)
+
+
+def apply_rope_full(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    """``apply_rope`` for x [T, H, D] (float32) whose every dim rotates, in a few ops:
+    ``x·C + rot(x)·S`` with rot swapping the two members of each rotated pair and S carrying
+    the sign. Each output is the same two products and one sum as in ``apply_rope`` (``a − b``
+    is ``a + (−b)`` exactly), so the results are bit for bit the same."""
+    if style == "neox":
+        h = x.shape[-1] // 2
+        rot = torch.cat([x[..., h:], x[..., :h]], -1)
+    else:
+        rot = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (x * c).add_(rot.mul_(s))
+
+
 def rope_shift(
     keys: torch.Tensor, delta: int, rope_dim: int, base: float, scale: float, style: RopeStyle
 ) -> torch.Tensor:

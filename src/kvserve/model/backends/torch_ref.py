@@ -11,7 +11,7 @@ import torch
 from ..attention import AttnMeta, build_meta, paged_attention
 from ..config import ModelConfig
 from ..kv_store import PagedKVStore
-from ..rope import RopeTables, apply_rope
+from ..rope import RopeTables, apply_rope, apply_rope_full, full_tables
 from .base import AttentionBackend, AttentionStep, StepSeq
 
 
@@ -22,12 +22,23 @@ class TorchStep(AttentionStep):
         self.meta = meta
         self.positions = meta.positions
         self.rope = rope
+        self._full: dict = {}  # rope key → (C, S) of apply_rope_full, built on first use
+
+    def _rope(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        key = cfg.layer_rope(layer)
+        cos, sin = self.rope[key]
+        if cos.shape[-1] * 2 != x.shape[-1] or x.dtype != torch.float32:
+            return apply_rope(x, cos, sin, cfg.rope_style)
+        t = self._full.get(key)
+        if t is None:
+            t = self._full[key] = full_tables(cos, sin, cfg.rope_style)
+        return apply_rope_full(x, t[0], t[1], cfg.rope_style)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q = self._rope(layer, q)
+        k = self._rope(layer, k)
         cfg = self.cfg
-        cos, sin = self.rope[cfg.layer_rope(layer)]
-        q = apply_rope(q, cos, sin, cfg.rope_style)
-        k = apply_rope(k, cos, sin, cfg.rope_style)
         self.kv.write(layer, self.meta.write_rows, k, v)
         return paged_attention(
             q, self.kv.k[layer], self.kv.v[layer], self.meta, cfg.layer_window(layer), cfg.attn_scale

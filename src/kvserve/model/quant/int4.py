@@ -153,10 +153,44 @@ def gather_codes(packed: torch.Tensor, k: int, rows: torch.Tensor) -> torch.Tens
     return (b >> (4 * (j // GROUP)).to(torch.uint8).unsqueeze(1)) & 0x0F
 
 
-def dequantize(packed: torch.Tensor, scale_zero: torch.Tensor, k: int) -> torch.Tensor:
-    """The planes as a bf16 matrix [R_pad, K], computed as the kernel defines them."""
-    c = unpack_codes(packed, k).view(-1, k // GROUP, GROUP).to(torch.bfloat16).sub_(8)
-    s = scale_zero[..., 0].t().unsqueeze(-1)
-    z = scale_zero[..., 1].t().unsqueeze(-1)
-    return c.mul_(s).add_(z).view(-1, k)
+def dequantize_t(
+    packed: torch.Tensor, scale_zero: torch.Tensor, k: int, b0: int, b1: int, hi: int | None = None
+) -> torch.Tensor:
+    """W.T as bf16 [K, 64·(b1 − b0)] of row blocks [b0, b1): the right operand of a GEMM.
 
+    ``w = c·s + Z`` per weight, with ``Z = z − 8·s`` per group (rounded to bf16 once) and one
+    rounding of the product-sum (torch computes bf16 elementwise ops in float32). With ``hi``,
+    the first row block of a second plane whose rows line up with [b0, b1) and whose scales
+    are 16× the first plane's, the two planes are one weight: the 8-bit code ``16·c_hi + c_lo``
+    and ``Z = z_lo + z_hi − 136·s``, which equals ``Σ (c − 8)·s + z`` over the planes.
+    Nibbles are taken from the kernel's layout (see above) and written through a strided view,
+    a few passes over the weights in all (``dequantize`` is the plain reference)."""
+    nb, g = b1 - b0, k // GROUP
+    v = packed.view(-1, k, GROUP)
+    lo = v[b0:b1]
+    cols = slice(ROW_BLOCK * b0, ROW_BLOCK * b1)
+    s = scale_zero[:, cols, 0].contiguous()  # unit stride: elementwise ops stay vectorized
+    if hi is None:
+        c0, c1 = lo & 0x0F, lo >> 4
+        z = scale_zero[:, cols, 1].float() - 8 * s.float()
+    else:
+        h = v[hi : hi + nb]
+        c0 = (h << 4).bitwise_or_(lo & 0x0F)
+        c1 = (h & 0xF0).bitwise_or_(lo >> 4)
+        z_hi = scale_zero[:, ROW_BLOCK * hi : ROW_BLOCK * (hi + nb), 1].float()
+        z = scale_zero[:, cols, 1].float() + z_hi - 136 * s.float()
+    out = torch.empty(k, ROW_BLOCK * nb, dtype=torch.bfloat16)
+    ov = out.view(g, GROUP, nb, 2, GROUP).permute(2, 0, 1, 3, 4)  # [block, group, k in group, half, j]
+    ov[..., 0, :].copy_(c0.view(nb, g, GROUP, GROUP))
+    ov[..., 1, :].copy_(c1.view(nb, g, GROUP, GROUP))
+    o3 = out.view(g, GROUP, ROW_BLOCK * nb)
+    return torch.addcmul(z.to(torch.bfloat16).unsqueeze(1), o3, s.unsqueeze(1), out=o3).view(k, -1)
+
+
+def dequantize(packed: torch.Tensor, scale_zero: torch.Tensor, k: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The planes as a matrix [R_pad, K]: ``(c − 8)·s + z`` computed in ``dtype`` (float32:
+    the kernel's weights exactly; bf16: each step rounded, the reference for mixed planes)."""
+    c = unpack_codes(packed, k).view(-1, k // GROUP, GROUP).to(dtype).sub_(8)
+    s = scale_zero[..., 0].t().unsqueeze(-1).to(dtype)
+    z = scale_zero[..., 1].t().unsqueeze(-1).to(dtype)
+    return c.mul_(s).add_(z).view(-1, k)

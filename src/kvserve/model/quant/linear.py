@@ -19,9 +19,11 @@ from torch import nn
 
 from . import int4
 
-# Up to this many rows the int4 kernel (cost ∝ rows) beats dequantize + bf16 GEMM (cost ≈ the
-# dequantization): the crossover measured by bench/quant_linear.py lies near 100 rows.
-GEMV_MAX_ROWS = 96
+# Up to this many rows per plane the int4 kernel (cost ∝ rows × planes) beats dequantize + bf16
+# GEMM (cost ≈ the dequantization, planes combined): bench/quant_linear.py measures the crossover
+# near 50 rows for one plane, 30 for two.
+GEMV_MAX_ROWS = 48
+DEQUANT_CHUNK = 2**21  # weights dequantized at a time for a prefill GEMM (4 MiB of bf16)
 
 
 class QuantLinear(nn.Module):
@@ -55,24 +57,52 @@ class QuantLinear(nn.Module):
         self.hi_cols = torch.cat(hi_cols) if hi_cols and not self.all_two else None
         self.n_second = rows - col
         self.register_buffer("bias", None if bias is None else bias.float(), persistent=False)
+        self.combined = self._combinable(sz, col)
+        self.chunk_blocks = max(1, DEQUANT_CHUNK // (int4.ROW_BLOCK * k))
+        self.gemv_max_rows = GEMV_MAX_ROWS // (2 if self.n_second and self.combined else 1)
 
-    def _planes_out(self, x: torch.Tensor) -> torch.Tensor:
-        xb = x.to(torch.bfloat16)
-        if x.shape[0] <= GEMV_MAX_ROWS:
-            return int4.matmul(xb, self.packed, self.scale_zero)
-        return F.linear(xb, int4.dequantize(self.packed, self.scale_zero, self.in_features))
+    def _combinable(self, sz: torch.Tensor, n: int) -> bool:
+        """Whether prefill can dequantize each weight as one value (``int4.dequantize_t``):
+        one plane, or two planes whose row blocks line up with 16× scales."""
+        if self.n_second == 0:
+            return True
+        if not self.all_two or n % int4.ROW_BLOCK:
+            return False
+        return torch.equal(sz[:, n : 2 * n, 0].float(), 16 * sz[:, :n, 0].float())
+
+    def _dequant_gemm(self, xb: torch.Tensor) -> torch.Tensor:
+        """float32 [M, N]: xb @ W.T, W dequantized a chunk of rows at a time (planes combined),
+        each chunk's bf16 GEMM output converted once, into its columns of the result."""
+        n = self.out_features
+        nb = -(-n // int4.ROW_BLOCK)
+        hi = nb if self.n_second else None
+        ys = []
+        for b in range(0, nb, self.chunk_blocks):
+            e = min(b + self.chunk_blocks, nb)
+            wt = int4.dequantize_t(self.packed, self.scale_zero, self.in_features, b, e, None if hi is None else hi + b)
+            ys.append(torch.mm(xb, wt))
+        if ys[-1].shape[1] > n - (len(ys) - 1) * ys[0].shape[1]:  # padding rows of the last block
+            ys[-1] = ys[-1][:, : n - (len(ys) - 1) * ys[0].shape[1]]
+        return torch.cat(ys, dim=1, out=torch.empty(xb.shape[0], n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Few ops on purpose: at decode every one costs about as much as a small kernel.
         x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-        y = self._planes_out(x2)  # bf16 [M, R_pad]
+        xb = x2.to(torch.bfloat16)
         n = self.out_features
-        if self.all_two:  # rows [0, n) first planes, [n, 2n) second planes: sum them in f32
-            out = y[:, : 2 * n].view(-1, 2, n).sum(1, dtype=torch.float32)
+        if x2.shape[0] > self.gemv_max_rows and self.combined:
+            out = self._dequant_gemm(xb)
         else:
-            out = (y if y.shape[1] == n else y[:, :n]).float()
-            if self.hi_cols is not None:
-                out.index_add_(1, self.hi_cols, y[:, n : n + self.n_second].float())
+            if x2.shape[0] <= self.gemv_max_rows:
+                y = int4.matmul(xb, self.packed, self.scale_zero)  # bf16 [M, R_pad]
+            else:
+                y = F.linear(xb, int4.dequantize(self.packed, self.scale_zero, self.in_features))
+            if self.all_two:  # rows [0, n) first planes, [n, 2n) second planes: sum them in f32
+                out = y[:, : 2 * n].view(-1, 2, n).sum(1, dtype=torch.float32)
+            else:
+                out = (y if y.shape[1] == n else y[:, :n]).float()
+                if self.hi_cols is not None:
+                    out.index_add_(1, self.hi_cols, y[:, n : n + self.n_second].float())
         if self.bias is not None:
             out += self.bias
         if out.dtype != x.dtype:
@@ -84,7 +114,7 @@ class QuantLinear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """float32 [out, in]: the weight exactly as ``forward`` applies it (for tests)."""
-        w = int4.dequantize(self.packed, self.scale_zero, self.in_features)[: self.n_rows].float()
+        w = int4.dequantize(self.packed, self.scale_zero, self.in_features, torch.float32)[: self.n_rows]
         n = self.out_features
         out = w[:n].clone()
         if self.all_two:
