@@ -42,6 +42,9 @@ class DecodeGroup:
     lengths: tuple[int, ...] = ()  # keys of each query (own part, after the shared prefix)
     _masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.flat_rows = self.kv_rows.reshape(-1)
+
     def sdpa_mask(self, window: int) -> torch.Tensor | None:
         """``own_mask``, or None where it hides nothing (no padding, every key in the window)."""
         if len(set(self.lengths)) == 1 and (window <= 0 or self.lengths[0] <= window):
@@ -184,7 +187,7 @@ def _partial_attention(
 def _gather(cache: torch.Tensor, d: DecodeGroup, dtype: torch.dtype) -> torch.Tensor:
     """Own keys or values of a decode group: [B, Hkv, Lmax, D]."""
     b, lmax = d.kv_rows.shape
-    x = cache.index_select(0, d.kv_rows.reshape(-1))
+    x = cache.index_select(0, d.flat_rows)
     x = x.view(b, lmax, cache.shape[1], cache.shape[2]).permute(0, 2, 1, 3)
     return x if x.dtype == dtype else x.to(dtype)
 

@@ -35,6 +35,7 @@ class PagedKVStore:
         scratch = slice(n_pages * page_size, (n_pages + 1) * page_size)
         self.k[:, scratch].zero_()
         self.v[:, scratch].zero_()
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views
 
     @property
     def bytes_per_page(self) -> int:
@@ -47,8 +48,8 @@ class PagedKVStore:
         return (pt[pos // self.page_size] * self.page_size + pos % self.page_size).to(self.device)
 
     def write(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_copy_(0, rows, k if k.dtype == self.dtype else k.to(self.dtype))
-        self.v[layer].index_copy_(0, rows, v if v.dtype == self.dtype else v.to(self.dtype))
+        self.k_layers[layer].index_copy_(0, rows, k if k.dtype == self.dtype else k.to(self.dtype))
+        self.v_layers[layer].index_copy_(0, rows, v if v.dtype == self.dtype else v.to(self.dtype))
 
     def apply_moves(self, moves: Sequence[KVMove]) -> None:
         """Execute copies / shifts in order. Each move reads all its source rows before writing."""
