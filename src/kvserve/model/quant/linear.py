@@ -20,10 +20,11 @@ from torch import nn
 from . import int4
 
 # Up to this many rows per plane the int4 kernel (cost ∝ rows × planes) beats dequantize + bf16
-# GEMM (cost ≈ the dequantization, planes combined): bench/quant_linear.py measures the crossover
-# near 50 rows for one plane, 30 for two.
-GEMV_MAX_ROWS = 48
-DEQUANT_CHUNK = 2**21  # weights dequantized at a time for a prefill GEMM (4 MiB of bf16)
+# GEMM (cost ≈ the dequantization, planes combined, and its memory traffic): in a whole model's
+# prefill the crossover lies near 100 rows for one plane (SmolLM2 Q4_1) and 50 for two (Qwen2.5
+# Q5_0/Q8_0); bench/quant_linear.py times the two paths per layer, where caches are warm.
+GEMV_MAX_ROWS = 96
+DEQUANT_CHUNK = 2**20  # weights dequantized at a time for a prefill GEMM (2 MiB of bf16: in L2)
 
 
 class QuantLinear(nn.Module):
