@@ -4,10 +4,13 @@ For real model shapes (Qwen2.5-0.5B and SmolLM2-135M projections) and each layou
 can choose — ``int4`` (Q4_* one plane), ``int4x2`` (Q5_*/Q8_0 two planes; for many rows both
 layouts dequantize each weight once, ``int4.dequantize_t``, and use the bf16 GEMM), ``bf16``/``f32`` dense — prints CPU-time milliseconds
 per call (process CPU time, so that a shared machine's load matters less) and the weights/s.
-This is the measurement behind ``quant.linear.GEMV_MAX_ROWS``.
+With ``--model``, whole-model prefills instead: one prompt of each ``--prefill`` length with every
+quantized layer forced onto the int4 kernel, then onto dequantize + GEMM (weights streamed from
+memory, as in a real prefill). That crossover is ``quant.linear.GEMV_MAX_ROWS``.
 
     python bench/quant_linear.py                   # all shapes, rows 1,4,16,32,64,512
     python bench/quant_linear.py --rows 1,512 --threads 2
+    python bench/quant_linear.py --model model.gguf --prefill 32,48,64,96,128
 """
 
 from __future__ import annotations
@@ -50,13 +53,42 @@ def groups(n: int, k: int, bits: int) -> Groups:
     return Groups(codes, s, -(2 ** (bits - 1)) * s, bits)
 
 
+def model_crossover(path: str, lengths: list[int], threads: int) -> None:
+    from kvserve.model.loader import load_gguf
+    from kvserve.model.runner import ModelRunner
+    from kvserve.plan import Plan, SeqChunk
+
+    loaded = load_gguf(path)
+    runner = ModelRunner(loaded, n_pages=max(lengths) // 16 + 2, page_size=16, n_ubatch=max(lengths))
+    mods = [m for m in loaded.model.modules() if isinstance(m, QuantLinear)]
+    print_conditions("whole-model prefill: int4 kernel vs dequantize + GEMM (CPU)", {
+        "model": os.path.basename(path), "torch": torch.__version__, "threads": threads,
+        "timing": "process CPU time per prefill / threads, mean of 3 after 1 warm-up",
+        "prompt": "token ids 5.., logits last", "cells": "ms per prefill"})
+    out = []
+    for n in lengths:
+        plan = Plan((SeqChunk(0, tuple(range(5, 5 + n)), 0, tuple(range(n // 16 + 1)), "last"),))
+        row: list[object] = [n]
+        for rows in (1 << 30, 0):  # every layer on the kernel, then every layer dequantized
+            for m in mods:
+                m.gemv_max_rows = rows
+            row.append(cpu_ms(lambda: runner.run(plan), min_s=0.0))
+        out.append(row)
+    print_table(["prompt tokens", "int4 kernel", "dequantize + GEMM"], out, digits=0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,4,16,32,64,512")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--model", help="a GGUF file: time whole-model prefills at --prefill lengths instead")
+    p.add_argument("--prefill", default="32,48,64,96,128")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.model:
+        model_crossover(args.model, [int(r) for r in args.prefill.split(",")], args.threads)
+        return
     rows = [int(r) for r in args.rows.split(",")]
     print_conditions("quantized linear layers (CPU)", {
         "torch": torch.__version__, "threads": args.threads, "timing": "process CPU time per call / threads",
@@ -72,7 +104,7 @@ def main() -> None:
             for lay, mod in mods.items():
                 xb = x.to(torch.bfloat16)
                 row.append(cpu_ms(lambda: int4.matmul(xb, mod.packed, mod.scale_zero)))
-                row.append(cpu_ms(lambda: mod._dequant_gemm(xb)))
+                row.append(cpu_ms(lambda: mod._dequant_gemm(xb)))  # planes combined
             wb = w.to(torch.bfloat16)
             row.append(cpu_ms(lambda: F.linear(x.to(torch.bfloat16), wb)))
             row.append(cpu_ms(lambda: F.linear(x, w)))

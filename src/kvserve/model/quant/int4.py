@@ -158,33 +158,41 @@ def dequantize_t(
 ) -> torch.Tensor:
     """W.T as bf16 [K, 64·(b1 − b0)] of row blocks [b0, b1): the right operand of a GEMM.
 
-    ``w = c·s + Z`` per weight, with ``Z = z − 8·s`` per group (rounded to bf16 once) and one
-    rounding of the product-sum (torch computes bf16 elementwise ops in float32). With ``hi``,
-    the first row block of a second plane whose rows line up with [b0, b1) and whose scales
-    are 16× the first plane's, the two planes are one weight: the 8-bit code ``16·c_hi + c_lo``
-    and ``Z = z_lo + z_hi − 136·s``, which equals ``Σ (c − 8)·s + z`` over the planes.
-    Nibbles are taken from the kernel's layout (see above) and written through a strided view,
-    a few passes over the weights in all (``dequantize`` is the plain reference)."""
+    Every weight is the kernel's float32 weight rounded to bf16 once (torch computes bf16
+    elementwise ops in float32): ``(c − 8)·s + z`` with the plane's own bf16 ``s`` and ``z``.
+    With ``hi`` (the first row block of a second plane whose rows line up with [b0, b1), whose
+    scales are 16× the first plane's, and whose offsets ``Z = z_lo + z_hi − 8·s`` are bf16
+    numbers: ``combined_offsets``; 0 for Q8_0, −16·s for Q5_0), both planes are one weight
+    ``(16·(c_hi − 8) + c_lo)·s + Z`` with an int8 code, which equals ``Σ (c − 8)·s + z``. Nibbles are taken from the kernel's
+    layout (see above) and written through a strided view: a few passes over the weights."""
     nb, g = b1 - b0, k // GROUP
     v = packed.view(-1, k, GROUP)
     lo = v[b0:b1]
     cols = slice(ROW_BLOCK * b0, ROW_BLOCK * b1)
     s = scale_zero[:, cols, 0].contiguous()  # unit stride: elementwise ops stay vectorized
-    if hi is None:
-        c0, c1 = lo & 0x0F, lo >> 4
-        z = scale_zero[:, cols, 1].float() - 8 * s.float()
+    if hi is None:  # c − 8 as int8 (uint8 arithmetic wraps), exact in bf16
+        c0 = (lo & 0x0F).sub_(8).view(torch.int8)
+        c1 = (lo >> 4).sub_(8).view(torch.int8)
+        z = scale_zero[:, cols, 1].contiguous()
     else:
         h = v[hi : hi + nb]
-        c0 = (h << 4).bitwise_or_(lo & 0x0F)
-        c1 = (h & 0xF0).bitwise_or_(lo >> 4)
-        z_hi = scale_zero[:, ROW_BLOCK * hi : ROW_BLOCK * (hi + nb), 1].float()
-        z = scale_zero[:, cols, 1].float() + z_hi - 136 * s.float()
+        c0 = (h << 4).bitwise_or_(lo & 0x0F).bitwise_xor_(0x80).view(torch.int8)  # −128 mod 256
+        c1 = (h & 0xF0).bitwise_or_(lo >> 4).bitwise_xor_(0x80).view(torch.int8)
+        z = combined_offsets(scale_zero, b0, b1, hi).to(torch.bfloat16)
     out = torch.empty(k, ROW_BLOCK * nb, dtype=torch.bfloat16)
     ov = out.view(g, GROUP, nb, 2, GROUP).permute(2, 0, 1, 3, 4)  # [block, group, k in group, half, j]
     ov[..., 0, :].copy_(c0.view(nb, g, GROUP, GROUP))
     ov[..., 1, :].copy_(c1.view(nb, g, GROUP, GROUP))
     o3 = out.view(g, GROUP, ROW_BLOCK * nb)
-    return torch.addcmul(z.to(torch.bfloat16).unsqueeze(1), o3, s.unsqueeze(1), out=o3).view(k, -1)
+    return torch.addcmul(z.unsqueeze(1), o3, s.unsqueeze(1), out=o3).view(k, -1)
+
+
+def combined_offsets(scale_zero: torch.Tensor, b0: int, b1: int, hi: int) -> torch.Tensor:
+    """float32 ``z_lo + z_hi − 8·s_lo`` of row blocks [b0, b1) and the second plane's blocks
+    from ``hi``: the offset of the combined int8 code (exact: sums of a few bf16 numbers)."""
+    cols = slice(ROW_BLOCK * b0, ROW_BLOCK * b1)
+    hcols = slice(ROW_BLOCK * hi, ROW_BLOCK * (hi + b1 - b0))
+    return scale_zero[:, cols, 1].float() + scale_zero[:, hcols, 1].float() - 8 * scale_zero[:, cols, 0].float()
 
 
 def dequantize(packed: torch.Tensor, scale_zero: torch.Tensor, k: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

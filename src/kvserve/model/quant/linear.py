@@ -63,13 +63,18 @@ class QuantLinear(nn.Module):
         self.gemv_max_rows = GEMV_MAX_ROWS // (2 if self.n_second and self.combined else 1)
 
     def _combinable(self, sz: torch.Tensor, n: int) -> bool:
-        """Whether prefill can dequantize each weight as one value (``int4.dequantize_t``):
-        one plane, or two planes whose row blocks line up with 16× scales."""
+        """Whether prefill can dequantize each weight in one rounding (``int4.dequantize_t``):
+        one plane, or two planes whose row blocks line up, with 16× scales and a combined
+        offset that is a bf16 number (Q8_0: 0, Q5_0: −16× the scale)."""
         if self.n_second == 0:
             return True
         if not self.all_two or n % int4.ROW_BLOCK:
             return False
-        return torch.equal(sz[:, n : 2 * n, 0].float(), 16 * sz[:, :n, 0].float())
+        nb = n // int4.ROW_BLOCK
+        z = int4.combined_offsets(sz, 0, nb, nb)
+        return torch.equal(sz[:, n : 2 * n, 0].float(), 16 * sz[:, :n, 0].float()) and torch.equal(
+            z.to(torch.bfloat16).float(), z
+        )
 
     def _dequant_gemm(self, xb: torch.Tensor) -> torch.Tensor:
         """float32 [M, N]: xb @ W.T, W dequantized a chunk of rows at a time (planes combined),
