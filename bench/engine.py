@@ -252,7 +252,8 @@ def weight_bytes(loaded: LoadedModel) -> int:
     """Bytes of every parameter and buffer a decode step reads: all but the embedding table,
     of which a step reads only its tokens' rows (unless the output projection is tied to it)."""
     model = loaded.model
-    skip = set() if loaded.cfg.tied_embeddings else {id(model.embed.weight)}
+    embed = [*model.embed.parameters(), *model.embed.buffers()]  # a weight, or GGUF rows (quantized)
+    skip = set() if loaded.cfg.tied_embeddings else {id(t) for t in embed}
     tensors = {id(t): t for t in list(model.parameters()) + list(model.buffers()) if id(t) not in skip}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
