@@ -2,8 +2,9 @@
 
 For real model shapes (Qwen2.5-0.5B and SmolLM2-135M projections) and each layout the loader
 can choose — ``int4`` (Q4_* one plane), ``int4x2`` (Q5_*/Q8_0 two planes; for many rows both
-layouts dequantize each weight once, ``int4.dequantize_t``, and use the bf16 GEMM), ``bf16``/``f32`` dense — prints CPU-time milliseconds
-per call (process CPU time, so that a shared machine's load matters less) and the weights/s.
+layouts dequantize each weight once, ``int4.dequantize_t``, then run the bf16 GEMM), ``bf16``/``f32``
+dense — prints CPU-time milliseconds per call (process CPU time, so that a shared machine's load
+matters less).
 With ``--model``, whole-model prefills instead: one prompt of each ``--prefill`` length with every
 quantized layer forced onto the int4 kernel, then onto dequantize + GEMM (weights streamed from
 memory, as in a real prefill). That crossover is ``quant.linear.GEMV_MAX_ROWS``.

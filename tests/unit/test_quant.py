@@ -153,7 +153,8 @@ def test_two_planes_with_offsets_off_the_bf16_grid_keep_the_reference_dequantize
 
 def test_prefill_of_mixed_planes_falls_back_to_the_reference_dequantizer():
     k = 256
-    groups = [to_groups(random_blocks(q, n, k, seed=i), q, (n, k)) for i, (q, n) in enumerate([(Q.Q4_K, 64), (Q.Q8_0, 32)])]
+    fmts = [(Q.Q4_K, 64), (Q.Q8_0, 32)]
+    groups = [to_groups(random_blocks(q, n, k, seed=i), q, (n, k)) for i, (q, n) in enumerate(fmts)]
     fused = QuantLinear(groups)
     assert not fused.combined
     x = torch.randn(GEMV_MAX_ROWS + 1, k)

@@ -163,8 +163,9 @@ def dequantize_t(
     With ``hi`` (the first row block of a second plane whose rows line up with [b0, b1), whose
     scales are 16× the first plane's, and whose offsets ``Z = z_lo + z_hi − 8·s`` are bf16
     numbers: ``combined_offsets``; 0 for Q8_0, −16·s for Q5_0), both planes are one weight
-    ``(16·(c_hi − 8) + c_lo)·s + Z`` with an int8 code, which equals ``Σ (c − 8)·s + z``. Nibbles are taken from the kernel's
-    layout (see above) and written through a strided view: a few passes over the weights."""
+    ``(16·(c_hi − 8) + c_lo)·s + Z`` with an int8 code, which equals ``Σ (c − 8)·s + z``.
+    Nibbles are taken from the kernel's layout (see above) and written through a strided view:
+    a few passes over the weights."""
     nb, g = b1 - b0, k // GROUP
     v = packed.view(-1, k, GROUP)
     lo = v[b0:b1]
@@ -195,7 +196,9 @@ def combined_offsets(scale_zero: torch.Tensor, b0: int, b1: int, hi: int) -> tor
     return scale_zero[:, cols, 1].float() + scale_zero[:, hcols, 1].float() - 8 * scale_zero[:, cols, 0].float()
 
 
-def dequantize(packed: torch.Tensor, scale_zero: torch.Tensor, k: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequantize(
+    packed: torch.Tensor, scale_zero: torch.Tensor, k: int, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """The planes as a matrix [R_pad, K]: ``(c − 8)·s + z`` computed in ``dtype`` (float32:
     the kernel's weights exactly; bf16: each step rounded, the reference for mixed planes)."""
     c = unpack_codes(packed, k).view(-1, k // GROUP, GROUP).to(dtype).sub_(8)
