@@ -138,8 +138,9 @@ def paged_attention(
 
     Query at position p sees keys at positions j with j <= p and, when window > 0, p - j < window.
     """
-    if not meta.prefill and len(meta.decode) == 1 and meta.decode[0].whole and meta.decode[0].shared_rows is None:
-        return _padded_decode(q, k_cache, v_cache, meta.decode[0], window, scale)  # decode only
+    only = meta.decode[0] if not meta.prefill and len(meta.decode) == 1 else None
+    if only is not None and only.whole and only.shared_rows is None:  # a decode-only step
+        return _padded_decode(q, k_cache, v_cache, only, window, scale)
     out = torch.empty_like(q)
     ps = meta.page_size
     for s in meta.prefill:

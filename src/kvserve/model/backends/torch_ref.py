@@ -41,7 +41,8 @@ class TorchStep(AttentionStep):
         cfg = self.cfg
         self.kv.write(layer, self.meta.write_rows, k, v)
         return paged_attention(
-            q, self.kv.k_layers[layer], self.kv.v_layers[layer], self.meta, cfg.layer_window(layer), cfg.attn_scale
+            q, self.kv.k_layers[layer], self.kv.v_layers[layer], self.meta, cfg.layer_window(layer),
+            cfg.attn_scale,
         )
 
 

@@ -193,7 +193,8 @@ def combined_offsets(scale_zero: torch.Tensor, b0: int, b1: int, hi: int) -> tor
     from ``hi``: the offset of the combined int8 code (exact: sums of a few bf16 numbers)."""
     cols = slice(ROW_BLOCK * b0, ROW_BLOCK * b1)
     hcols = slice(ROW_BLOCK * hi, ROW_BLOCK * (hi + b1 - b0))
-    return scale_zero[:, cols, 1].float() + scale_zero[:, hcols, 1].float() - 8 * scale_zero[:, cols, 0].float()
+    z_lo, z_hi, s = scale_zero[:, cols, 1].float(), scale_zero[:, hcols, 1].float(), scale_zero[:, cols, 0]
+    return z_lo + z_hi - 8 * s.float()
 
 
 def dequantize(

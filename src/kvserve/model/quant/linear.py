@@ -85,7 +85,8 @@ class QuantLinear(nn.Module):
         ys = []
         for b in range(0, nb, self.chunk_blocks):
             e = min(b + self.chunk_blocks, nb)
-            wt = int4.dequantize_t(self.packed, self.scale_zero, self.in_features, b, e, None if hi is None else hi + b)
+            hb = None if hi is None else hi + b
+            wt = int4.dequantize_t(self.packed, self.scale_zero, self.in_features, b, e, hb)
             ys.append(torch.mm(xb, wt))
         if ys[-1].shape[1] > n - (len(ys) - 1) * ys[0].shape[1]:  # padding rows of the last block
             ys[-1] = ys[-1][:, : n - (len(ys) - 1) * ys[0].shape[1]]
