@@ -5,6 +5,7 @@
     dense       every other type (CPU: also Q6_K; Q2_K, Q3_K, IQ*, F16, BF16 …) → DenseLinear, bf16
                 (float32 where the file stores float32)
     rows        CPU token embeddings: the GGUF bytes, rows dequantized on gather → QuantEmbedding
+                (tied: the head's int4 planes plus the file's group scales → PlaneEmbedding)
 
 Tensors that share an input (Q/K/V, gate/up) are fused into one module when they all take the
 same path, so that one kernel call serves them.
