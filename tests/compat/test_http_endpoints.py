@@ -114,6 +114,19 @@ def test_oai_embeddings_float_and_base64() -> None:
     assert isinstance(c.post("/v1/embeddings", json={"content": "a"}).json(), list)
 
 
+def test_embedding_oai_content_entries_are_their_text() -> None:
+    """``{"content": [text parts]}`` entries embed the parts' text concatenated (llama-server's
+    tokenize_oai_content_array); media parts and unknown part types are 400s."""
+    c, eng = client(embedding=True)
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    r = c.post("/v1/embeddings", json={"input": ["ab", {"content": parts}]})
+    assert r.status_code == 200 and len(r.json()["data"]) == 2
+    assert eng.embed_calls[-1][0][0] == eng.embed_calls[-1][0][1] == [1] + ids("ab")
+    for bad in ({"content": "ab"}, {"content": [{"type": "unknown"}]},
+                {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}):
+        assert c.post("/v1/embeddings", json={"input": [bad]}).status_code == 400
+
+
 def test_embedding_errors() -> None:
     c, _ = client(embedding=True)
     assert c.post("/v1/embeddings", json={"input": "a", "encoding_format": "int8"}).status_code == 400

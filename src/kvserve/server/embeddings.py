@@ -40,6 +40,27 @@ def normalize(vec: list[float], mode: int) -> list[float]:
     return [x * norm for x in vec]
 
 
+_MEDIA_PARTS = ("image_url", "input_audio", "input_video")
+
+
+def _content_text(entry: dict[str, Any]) -> str:
+    """An OpenAI content entry ``{"content": [{"type": "text", "text": ...}, ...]}``: its text
+    parts concatenated, as llama-server's ``tokenize_oai_content_array`` (media parts: 400)."""
+    parts = entry["content"]
+    if not isinstance(parts, list):
+        raise invalid('"content" must be an array')
+    text = ""
+    for part in parts:
+        ptype = part.get("type") if isinstance(part, dict) else None
+        if ptype in _MEDIA_PARTS:
+            raise unsupported_field(f"content[].type={ptype}", "multimodal embedding inputs are not implemented")
+        if ptype != "text":
+            raise invalid("unsupported content[].type")
+        value = part.get("text", "")
+        text += value if isinstance(value, str) else ""
+    return text
+
+
 def _inputs(body: dict[str, Any], oai: bool) -> tuple[Any, bool]:
     """(prompt, use_oai_format)."""
     if oai and body.get("input") is not None:
@@ -55,6 +76,10 @@ async def compute(engine: EngineAPI, s: ServerSettings, body: dict[str, Any], oa
     if not s.embedding:
         raise disabled_endpoint("embeddings", "--embeddings")
     prompt, oai_fmt = _inputs(body, oai)
+    if isinstance(prompt, list) and not any(isinstance(p, int) for p in prompt):
+        prompt = [_content_text(p) if isinstance(p, dict) and "content" in p else p for p in prompt]
+    elif isinstance(prompt, dict) and "content" in prompt:
+        prompt = _content_text(prompt)
     if isinstance(prompt, list) and any(isinstance(p, dict) for p in prompt) or isinstance(prompt, dict):
         raise unsupported_field("content", "multimodal embedding inputs are not implemented")
     encoding = "float"
