@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the server sets it (kvserve/__main__.py)
+# The suite starts many servers side by side on few cores: sleeping OpenMP workers keep them
+# from starving each other (see kvserve/__main__.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
+from typing import Any
 
-# torch's CPU thread pool (OpenMP) waits for work asleep rather than spinning. Where other
-# processes share the cores (or the host shares a VM's vCPUs), spinning workers burn the time
-# slices the busy ones need: on a loaded 2-vCPU VM, SmolLM2 decode went from under 1 tok/s
-# to 25-45 tok/s (bench/wait_policy.py). Set before torch loads libgomp; a value the user set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import logging  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-from typing import Any  # noqa: E402
-
-from .config import Config, ConfigError, load_config  # noqa: E402
+# torch's CPU thread pool (OpenMP) keeps its own wait policy: its workers spin between kernels,
+# which on otherwise idle cores doubles decode speed against sleeping workers (bench/wait_policy.py:
+# SmolLM2 71 vs 33 tok/s on a quiet 2-core machine). Where other processes share the cores,
+# spinning workers starve the busy ones (under 2 tok/s at load average ~15); set
+# OMP_WAIT_POLICY=PASSIVE in the environment there. The test suite does (tests/conftest.py).
+from .config import Config, ConfigError, load_config
 
 
 def _log_level(verbosity: int) -> int:
