@@ -93,6 +93,14 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 # -- memory through /proc -------------------------------------------------------------------------
+def default_models() -> list[str]:
+    """The embedded SmolLM2 file, for scripts run without ``--model``."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    from kvserve.model.files import default_model_path
+
+    return [default_model_path()]
+
+
 def _status_kib(pid: int, key: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:

@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from common import print_conditions, print_table  # noqa: E402
+from engine import copy_bandwidth  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
 from kvserve.model.quant import cuda_pack, triton_gemv  # noqa: E402
@@ -65,25 +66,6 @@ def n_copies(nbytes: int) -> int:
     return max(1, min(16, -(-256 * 2**20 // nbytes)))
 
 
-def copy_bandwidth() -> float:
-    """bytes/s of a device-to-device copy of 2 GiB (read + write counted), median of 10 plain
-    copies timed with events (as ``bench/engine.py --roofline`` measures it)."""
-    a = torch.empty(1 << 31, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    times = []
-    for i in range(13):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        b.copy_(a)
-        e1.record()
-        e1.synchronize()
-        if i >= 3:
-            times.append(e0.elapsed_time(e1) * 1e-3)
-    del a, b
-    torch.cuda.empty_cache()
-    return 2 * (1 << 31) / sorted(times)[len(times) // 2]
-
-
 def random_pack(qtype: Q, n: int, k: int, rng: np.random.Generator) -> cuda_pack.Packed:
     raw = torch.from_numpy(random_kquant(rng, (n, k), qtype, 0.05)).cuda()
     return cuda_pack.pack(raw, qtype, k)
@@ -110,7 +92,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,4,8")
     p.add_argument("--sweep", action="store_true")
     args = p.parse_args()
-    bw = copy_bandwidth()
+    bw = copy_bandwidth(torch.device("cuda"))
     print_conditions("CUDA quantized GEMV vs bf16 linear (Llama-3-8B Q4_K_M layers)", {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "copy bandwidth (measured)": f"{bw / 1e12:.2f} TB/s",

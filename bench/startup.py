@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import ServerProcess, median, print_conditions, print_table, ratio  # noqa: E402
+from common import ServerProcess, default_models, median, print_conditions, print_table, ratio  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
@@ -57,10 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kvserve-args", default="", help="extra kvserve flags")
     args = p.parse_args(argv)
     if not args.model:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-        from kvserve.model.files import default_model_path
-
-        args.model = [default_model_path()]
+        args.model = default_models()
     common = "-np 2 -c 2048 --host 127.0.0.1"
     cmds = {"kvserve": f"python -m kvserve {common} {args.kvserve_args}".strip()}
     if args.llama_server:

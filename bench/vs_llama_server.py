@@ -32,6 +32,7 @@ from common import (  # noqa: E402
     MIB,
     MemorySampler,
     ServerProcess,
+    default_models,
     make_text,
     median,
     print_conditions,
@@ -107,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--llama-args", default="", help="extra llama-server flags")
     args = p.parse_args(argv)
     if not args.model:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-        from kvserve.model.files import default_model_path
-
-        args.model = [default_model_path()]
+        args.model = default_models()
     common = "-np 1 -c 4096 --host 127.0.0.1"
     kv_cmd = f"python -m kvserve {common} {args.kvserve_args}".strip()
     ll_cmd = f"{shlex.quote(args.llama_server)} {common} {args.llama_args}".strip()
