@@ -25,7 +25,8 @@ TAG="$WHO-$WHICH${UPSTREAM_TAG:+-$UPSTREAM_TAG}"
 OUT="$D/out-$TAG.txt"
 cd "$TESTS"
 set +e
-env LLAMA_SERVER_BIN_PATH="$BIN" PORT="$PORT" UPSTREAM_MODEL_DEFAULT="$D/models/smollm2.gguf" \
+# servers run side by side on few cores: OpenMP workers sleep between kernels instead of spinning
+env OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" LLAMA_SERVER_BIN_PATH="$BIN" PORT="$PORT" UPSTREAM_MODEL_DEFAULT="$D/models/smollm2.gguf" \
   UPSTREAM_MODEL_GEMMA3="$D/models/gemma-3-270m-q4_k_m.gguf" PYTHONPATH="$TESTS:$ROOT/scripts/upstream" \
   nice "$D/venv/bin/python" -m pytest -p kvserve_models -p no:cacheprovider -v -rA \
   --timeout "${UPSTREAM_TIMEOUT:-150}" -n "${UPSTREAM_WORKERS:-3}" "${ARGS[@]}" "$@" > "$OUT" 2>&1
