@@ -26,6 +26,17 @@ MIXED = [
     SamplingParams(seed=9, temperature=0.0, logit_bias=((11, 4.0),)),  # greedy over biased logits
 ]
 
+# llama-server's default chain with penalties (the window includes the prompt), and greedy ones
+PENALIZED = [
+    SamplingParams(seed=21, repeat_penalty=1.3),
+    SamplingParams(seed=22, repeat_penalty=1.1, frequency_penalty=0.4, presence_penalty=0.6, repeat_last_n=8),
+    SamplingParams(seed=23, temperature=0.0, repeat_penalty=1.5, repeat_last_n=-1),  # greedy, whole history
+    SamplingParams(seed=24, temperature=0.0, presence_penalty=3.0, repeat_last_n=4),
+    SamplingParams(seed=25, frequency_penalty=-0.5, repeat_last_n=16, logit_bias=((5, 2.0),)),  # negative
+    SamplingParams(seed=26, repeat_penalty=0.8, top_k=10, top_p=1.0, min_p=0.0),  # < 1: favours repeats
+    SamplingParams(seed=27, repeat_penalty=1.2, repeat_last_n=0),  # window 0: the stage is off
+]
+
 
 def _logits(seed: int, b: int, device: str, ties: bool = False) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -35,9 +46,10 @@ def _logits(seed: int, b: int, device: str, ties: bool = False) -> torch.Tensor:
     return x.to(device)
 
 
-def _run(params: list[SamplingParams], steps: int, device: str, fast: bool, monkeypatch, ties: bool = False):
+def _run(params: list[SamplingParams], steps: int, device: str, fast: bool, monkeypatch, ties: bool = False,
+         history: tuple[int, ...] = ()):
     monkeypatch.setenv("KVSERVE_FAST_SAMPLER", "1" if fast else "0")
-    samplers = [SequenceSampler(p, V) for p in params]
+    samplers = [SequenceSampler(p, V, history=history) for p in params]
     out = []
     for step in range(steps):
         res = sample_batch(_logits(100 + step, len(params), device, ties), samplers)
@@ -52,11 +64,17 @@ def test_eligibility() -> None:
           SamplingParams(samplers=("top_k", "min_p", "temperature")), SamplingParams(logit_bias=((3, 1.0),))]
     for p in ok:
         assert sampler_fast.eligible(SequenceSampler(p, V)), p
-    no = [SamplingParams(n_probs=3), SamplingParams(repeat_penalty=1.1),
+    ok += [SamplingParams(repeat_penalty=1.1), SamplingParams(temperature=0.0, repeat_penalty=1.2),
+           SamplingParams(presence_penalty=0.5, frequency_penalty=0.5, repeat_last_n=-1)]
+    for p in ok:
+        assert sampler_fast.eligible(SequenceSampler(p, V)), p
+    no = [SamplingParams(n_probs=3), SamplingParams(dry_multiplier=0.8),
+          SamplingParams(temperature=0.0, dry_multiplier=0.8),
+          SamplingParams(repeat_penalty=1.1, samplers=("top_k", "penalties", "temperature")),
           SamplingParams(top_k=0), SamplingParams(top_k=1000), SamplingParams(typical_p=0.5),
           SamplingParams(mirostat=2), SamplingParams(dynatemp_range=0.5), SamplingParams(min_keep=5),
           SamplingParams(samplers=("temperature", "top_k")), SamplingParams(xtc_probability=0.5),
-          SamplingParams(temperature=0.0, repeat_penalty=1.2)]
+          SamplingParams(repeat_penalty=1.2, top_k=0)]
     for p in no:
         assert not sampler_fast.eligible(SequenceSampler(p, V)), p
     ignore_eos = SequenceSampler(SamplingParams(ignore_eos=True, temperature=0.0), V, eog_ids=(0,))
@@ -123,3 +141,51 @@ def test_a_row_needing_another_stage_takes_the_chain_for_the_step(monkeypatch) -
     res = sample_batch(x, probs)
     assert calls == [1] and len(res[1].top) == 2 and res[1].logprob < 0  # the chain's result
     assert res[0].token == sample_batch(x[:1], [SequenceSampler(SamplingParams(seed=1), V)])[0].token
+
+
+@pytest.mark.parametrize("device", DEVS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_penalties_same_tokens_as_the_chain(device, ties, monkeypatch) -> None:
+    """Penalised rows (beside plain ones) on the fast path draw the chain's tokens step after step,
+    the windows sliding over a prompt history and the generated tokens."""
+    params = PENALIZED + MIXED[:3] + MIXED[5:6]
+    assert all(sampler_fast.eligible(SequenceSampler(p, V)) for p in params)
+    prompt = tuple(int(t) for t in torch.randint(0, 40, (50,), generator=torch.Generator().manual_seed(5)))
+    fast = _run(params, 60, device, True, monkeypatch, ties, history=prompt)
+    chain = _run(params, 60, device, False, monkeypatch, ties, history=prompt)
+    assert fast == chain
+    plain = _run([SamplingParams(seed=23, temperature=0.0, repeat_last_n=-1)], 60, device, True, monkeypatch,
+                 ties, history=prompt)
+    assert [row[2] for row in fast] != [row[0] for row in plain]  # the penalties change the tokens
+
+
+def test_penalties_values(monkeypatch) -> None:
+    """The penalised logits themselves: llama.cpp's formula on the window counts, nothing else moved."""
+    x = torch.tensor([[2.0, -1.0, 0.5, 3.0] + [0.0] * (V - 4)])
+    p = SamplingParams(temperature=0.0, repeat_penalty=2.0, frequency_penalty=0.25, presence_penalty=1.0,
+                       repeat_last_n=3)
+    s = SequenceSampler(p, V, history=[3, 0, 1, 1])  # window of 3: [0, 1, 1]
+    got = sampler_fast._penalize(x, [s], cloned=False)
+    want = x.clone()
+    want[0, 0] = 2.0 / 2.0 - (1 * 0.25 + 1.0)
+    want[0, 1] = -1.0 * 2.0 - (2 * 0.25 + 1.0)
+    assert torch.equal(got, want) and x[0, 0] == 2.0  # the input is left alone
+    assert sampler_fast.sample_tokens(x, [s]) == [3]
+    s.accept(3)  # the window slides: [1, 1, 3]
+    assert sampler_fast.sample_tokens(x, [s]) == [0]
+
+
+def test_top_k_cut_among_equal_logits_keeps_the_lowest_ids() -> None:
+    """Equal logits at top_k's cut: the lowest token ids survive whatever k is (both paths)."""
+    from kvserve.engine.sampler_stages import topk_by_id
+
+    x = torch.zeros(2, V)
+    x[:, 100] = 1.0
+    x[1, 7] = -0.0  # -0.0 ties with 0.0
+    for k in (1, 3, 5, 40):
+        vals, cols = topk_by_id(x, k)
+        assert cols[0].tolist() == [100] + list(range(k - 1))
+        assert cols[1].tolist() == [100] + list(range(k - 1))
+    ids = torch.tensor([[9, 4, 6, 2]])
+    vals, cols = topk_by_id(torch.tensor([[1.0, 2.0, 1.0, 1.0]]), 3, ids)
+    assert ids.gather(-1, cols).tolist() == [[4, 2, 6]] and vals.tolist() == [[2.0, 1.0, 1.0]]

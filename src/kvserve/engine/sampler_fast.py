@@ -3,18 +3,22 @@ with one device-to-host copy per step.
 
 It serves a step when every row's chain is one of:
 
-    greedy                                   (no penalties/DRY before it)
-    top_k [top_p] [min_p] [temperature] dist (in this order, 1 <= top_k <= FAST_TOP_K,
-                                              temperature > 0, no dynatemp, min_keep <= 1)
+    [penalties] greedy                                   (no DRY before it)
+    [penalties] top_k [top_p] [min_p] [temperature] dist (in this order, 1 <= top_k <= FAST_TOP_K,
+                                                          temperature > 0, no dynatemp,
+                                                          min_keep <= 1)
 
 and no row has a grammar or ``n_probs``. Logit biases (``ignore_eos`` included) are added first,
-as the chain adds them. Any other step takes the full chain (``sampler.sample_batch``'s groups),
-which stays the reference.
+as the chain adds them, then the repeat / frequency / presence penalties over each row's window
+of the last ``repeat_last_n`` accepted tokens (llama.cpp's ``penalties`` sampler: a logit <= 0
+is multiplied by ``repeat_penalty``, a positive one divided, then ``count * frequency_penalty +
+presence_penalty`` subtracted), all rows in one sparse update. Any other step takes the full
+chain (``sampler.sample_batch``'s groups), which stays the reference.
 
 Same arithmetic and the same draw as the chain: the rows' stages run side by side (a row
 whose stage is inactive gets its neutral parameter: top_p 1 keeps everything, min_p 0 keeps
 everything, temperature 1 divides by one), candidates are ordered by logit, ties by token id,
-as the chain orders them for top_p, and the final draw walks the live candidates in token-id
+as the chain orders them for top_k's cut and top_p (``sampler_stages.topk_by_id``), and the final draw walks the live candidates in token-id
 order with the one uniform the row draws from its own generator per call. So a seeded request
 gives the same tokens on either path (up to float rounding in reductions over a different
 number of -inf columns when the batch's largest top_k differs from the row's group's).
@@ -30,6 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .sampler_stages import topk_by_id
 from .sampler_state import NEG_INF, SequenceSampler
 
 FAST_TOP_K = 256  # candidates kept per row at most: top_k above this (or off) takes the chain
@@ -46,9 +51,10 @@ def eligible(s: SequenceSampler) -> bool:
     p = s.params
     if s.grammar is not None or p.n_probs > 0:
         return False
+    plan = s.plan[1:] if s.plan[:1] == ("penalties",) else s.plan
     if s.final == "greedy":
-        return not s.plan
-    if s.final != "dist" or not s.plan or s.plan[0] != "top_k" or not _is_subsequence(s.plan, _DIST_ORDER):
+        return not plan
+    if s.final != "dist" or not plan or plan[0] != "top_k" or not _is_subsequence(plan, _DIST_ORDER):
         return False
     if not 1 <= p.top_k <= FAST_TOP_K or p.min_keep > 1:
         return False
@@ -97,6 +103,7 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
         r, t, b = zip(*bias)
         raw.index_put_((torch.tensor(r, device=dev), torch.tensor(t, device=dev)),
                        torch.tensor(b, dtype=raw.dtype, device=dev), accumulate=True)
+    raw = _penalize(raw, samplers, cloned=bool(bias))
     dist = [i for i, s in enumerate(samplers) if s.final == "dist"]
     if len(dist) < len(samplers):
         tokens = raw.argmax(-1)
@@ -120,19 +127,55 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
     return tokens
 
 
+def _penalize(x: Tensor, samplers: Sequence[SequenceSampler], cloned: bool) -> Tensor:
+    """The ``penalties`` stage of every row that has it, on the full-vocabulary logits ``x``.
+
+    Each row's window counts (token -> occurrences, kept up to date by ``accept``) become one
+    flat (row, token, count) table sent in one copy; the stage's arithmetic is the chain's, in
+    float32: the same values for the same tokens."""
+    rows: list[int] = []
+    toks: list[int] = []
+    cnts: list[int] = []
+    pen: list[list[float]] = []
+    for i, s in enumerate(samplers):
+        if s.plan[:1] != ("penalties",):
+            continue
+        counts = s.penalty_counts
+        if not counts:
+            continue
+        p = s.params
+        rows += [len(pen)] * len(counts)
+        toks += counts.keys()
+        cnts += counts.values()
+        pen.append([i, p.repeat_penalty, p.frequency_penalty, p.presence_penalty])
+    if not rows:
+        return x
+    dev = x.device
+    table = torch.tensor([rows, toks, cnts], dtype=torch.int64)
+    params = torch.tensor(pen, dtype=torch.float64)
+    if dev.type == "cuda":
+        table, params = table.pin_memory(), params.pin_memory()
+    table, params = table.to(dev, non_blocking=True), params.to(dev, non_blocking=True)
+    e, t = table[0], table[1]
+    r = params[:, 0].long()[e]
+    rp, fp, pp = (params[:, j].float()[e] for j in (1, 2, 3))
+    if not cloned:
+        x = x.clone()
+    v = x[r, t]
+    v = torch.where(v <= 0, v * rp, v / rp)
+    x[r, t] = v - (table[2].float() * fp + pp)
+    return x
+
+
 def _dist(x: Tensor, cols: Tensor, k_max: int) -> Tensor:
     """top_k → top_p → min_p → temperature → seeded draw, per row (``cols``: u, k, top_p,
     min_p, temperature)."""
     u, k, top_p, min_p, temp = (cols[:, j] for j in range(5))
-    vals, ids = torch.topk(x, k_max, dim=-1)
+    vals, ids = topk_by_id(x, k_max)  # ordered by logit, ties by token id (the chain's order)
     ar = torch.arange(k_max, device=x.device)[None, :]
     vals = torch.where(ar < k[:, None], vals, NEG_INF)
-    # top_p over the candidates ordered by logit, ties by token id (the chain's order)
+    # top_p over the candidates in that order
     lse = torch.logsumexp(vals, -1, keepdim=True)
-    by_id = ids.sort(dim=-1).indices
-    vals, ids = vals.gather(-1, by_id), ids.gather(-1, by_id)
-    vals, perm = vals.sort(dim=-1, descending=True, stable=True)
-    ids = ids.gather(-1, perm)
     below = torch.cumsum(torch.exp(vals - lse), -1) < top_p[:, None].float()
     last = below.sum(-1).clamp(max=k_max - 1)
     vals = torch.where(ar <= last[:, None], vals, NEG_INF)

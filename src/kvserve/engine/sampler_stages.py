@@ -70,14 +70,29 @@ def vec(values: Sequence[float] | Sequence[int], like: Tensor, dtype: torch.dtyp
     return torch.tensor(values, dtype=dtype, device=like.device)
 
 
+def topk_by_id(vals: Tensor, n: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(vals, cols) of the n best columns of float32 ``vals`` per row, descending, equal values
+    by lowest token id (``ids``: each column's token id; None: the column index) — also at the
+    cut, so which of several equal logits survive does not depend on n or on torch's kernel.
+
+    One ``topk`` over a unique int64 key per column: the float's bits made monotonic (-0.0 as
+    +0.0), then the id inverted below them."""
+    w = vals.shape[1]
+    bits = (vals + 0.0).view(torch.int32).long()
+    key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    tid = torch.arange(w, device=vals.device) if ids is None else ids
+    key = key * (1 << 31) + ((1 << 31) - 1 - tid)  # |key| < 2**62: no overflow
+    cols = torch.topk(key, n, dim=-1).indices
+    return vals.gather(-1, cols), cols
+
+
 def _sorted(c: Cand, n: int) -> tuple[Tensor, Tensor]:
     """(vals, cols) of the n best columns per row, descending; equal values by token id."""
     w = c.vals.shape[1]
     if c.ids is None:
         if n >= w:
             return torch.sort(c.vals, dim=-1, descending=True, stable=True)
-        _, cols = torch.topk(c.vals, n, dim=-1)
-        cols = cols.sort(dim=-1).values
+        return topk_by_id(c.vals, n)
     else:
         cols = c.ids.sort(dim=-1).indices
     vals, perm = c.vals.gather(-1, cols).sort(dim=-1, descending=True, stable=True)
@@ -157,7 +172,7 @@ def _stage_top_k(c: Cand, g: Group) -> Cand:
     cut = [k for k in ks if k < w]
     if not cut:
         return c
-    vals, cols = torch.topk(c.vals, max(cut), dim=-1)
+    vals, cols = topk_by_id(c.vals, max(cut), c.ids)
     keep = torch.arange(max(cut), device=vals.device)[None, :] < vec(ks, vals, torch.long)[:, None]
     if len(cut) == len(ks):
         return c.take(vals, cols, keep)
