@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
         filename=cfg.server.log_file,
     )
+    from .server.agent_tools import ToolSetupError
     from .server.http_server import serve
 
     engine = LoadingEngine(cfg.engine.resolve_parallel().n_parallel)
@@ -155,7 +156,11 @@ def main(argv: list[str] | None = None) -> None:
             os._exit(1)
 
     threading.Thread(target=load, name="kvserve-load", daemon=True).start()
-    serve(engine, cfg)
+    try:
+        serve(engine, cfg)
+    except ToolSetupError as e:
+        print(f"tools setup failed: {e}", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from kvserve.args import (
     Warn,
     flags_for_dest,
     parse_args,
+    parse_csv_row,
     process_escapes,
 )
 from kvserve.grammar.spec import GrammarSpec
@@ -86,6 +87,8 @@ class ServerConfig:
     prefill_assistant: bool = True
     reuse_port: bool = False
     mcp_proxy: bool = False  # --ui-mcp-proxy or -ag: GET/POST /cors-proxy forwards requests
+    tools: tuple[str, ...] = ()  # --tools CSV as given ("all" for -ag); empty = no built-in tools
+    tools_runtime: str = ""  # --tools-runtime spec ("" = the host)
     # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
     unsupported_features: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # --grammar/--grammar-file/-j/-jf: the grammar of every request that sets none
@@ -373,6 +376,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         ui=v["ui"], static_path=static_path, ui_settings=ui_settings,
         prefill_assistant=v["prefill_assistant"], reuse_port=v["reuse_port"],
         mcp_proxy=bool(v["ui_mcp_proxy"] or v["agent"]),
+        tools=("all",) if v["agent"] else tuple(t for t in parse_csv_row(v["tools"] or "") if t),
+        tools_runtime=v["tools_runtime"] or "",
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
         grammar_default=_grammar_default(v),
     )

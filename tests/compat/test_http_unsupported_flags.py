@@ -22,9 +22,9 @@ def test_tools_and_cors_proxy_endpoints() -> None:
         assert r.status_code == 403 and r.json() == {
             "error": {"message": "this feature is disabled", "type": "feature_disabled"}
         }
-    c, _ = _http("--tools", "all")
+    c, _ = _http("--mcp-servers-json", '{"mcpServers": {}}')
     r = c.post("/tools", json={})
-    assert r.status_code == 400 and "--tools" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "--mcp-servers-json" in r.json()["error"]["message"]
 
 
 def test_rerank_with_reranking_flag_is_a_clear_400() -> None:

@@ -158,9 +158,10 @@ defaults, parsed with llama.cpp's rules:
 Every flag llama-server accepts starts kvserve. Where kvserve lacks the feature a flag enables
 or tunes, the flag **warns**: it is accepted with one start-up line
 `warn: <flag> is accepted but has no effect in kvserve: <reason>`, and a request that would use
-the feature gets a 400 naming it (`/tools` with `--tools` and `/rerank` with `--reranking`
-answer 400 too; `/cors-proxy` with `--ui-mcp-proxy` or `-ag` is the MCP CORS proxy, which
-forwards only the headers named `x-llama-server-proxy-header-NAME`). Only a value that would silently change every answer (another
+the feature gets a 400 naming it (`/tools` with only `--mcp-servers-*` and `/rerank` with
+`--reranking` answer 400 too; `/cors-proxy` with `--ui-mcp-proxy` or `-ag` is the MCP CORS proxy,
+which forwards only the headers named `x-llama-server-proxy-header-NAME`). `--tools` (or `-ag`)
+serves llama-server's built-in agent tools at `GET/POST /tools` (see "Agent tools" below). Only a value that would silently change every answer (another
 model, RoPE overrides, adapters applied to every request, control vectors, the adaptive-p
 sampler) is **refused**: it stops kvserve with `error: <flag> is not supported by kvserve:
 <reason>` and exit status 1. Values at the default are always accepted. Some implemented flags
@@ -210,6 +211,9 @@ def render_compat() -> str:
     from kvserve.server.compat_apis import COMPAT_SECTION as APIS_SECTION
 
     out.append(APIS_SECTION)
+    from kvserve.server.agent_tools.compat import COMPAT_SECTION as TOOLS_SECTION
+
+    out.append(TOOLS_SECTION)
     return "".join(out)
 
 

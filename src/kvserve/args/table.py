@@ -126,7 +126,8 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("--ui-mcp-proxy --webui-mcp-proxy", "ui_mcp_proxy", B, False, "enable the MCP CORS proxy",
       neg="--no-ui-mcp-proxy --no-webui-mcp-proxy", env="LLAMA_ARG_UI_MCP_PROXY"),
     F("--tools", "tools", S, None, "built-in agent tools, comma-separated", env="LLAMA_ARG_TOOLS",
-      hint="TOOL1,TOOL2,..."),
+      hint="TOOL1,TOOL2,...", notes="`all` or names of read_file, file_glob_search, grep_search, "
+      "exec_shell_command, write_file, edit_file, get_info; an unknown name stops start-up"),
     F("-ag --agent", "agent", B, False, "enable the CORS proxy and all built-in tools",
       neg="-no-ag --no-agent", env="LLAMA_ARG_AGENT"),
     F("--sleep-idle-seconds", "sleep_idle_seconds", I, -1, "unload the model after N idle seconds",

@@ -208,7 +208,8 @@ _ROWS: tuple[FlagSpec, ...] = (
       hint="PATH", env="LLAMA_ARG_UI_CONFIG_FILE", convert=_read_text_file,
       notes="the file is read at start; the later of the two flags wins"),
     R("--tools-runtime", "tools_runtime", S, "run tools in a separate runtime", hint="OPTION",
-      env="LLAMA_ARG_TOOLS_RUNTIME"),
+      env="LLAMA_ARG_TOOLS_RUNTIME", notes="docker:IMAGE / podman:IMAGE (a container spawned at start and "
+      "removed at exit), docker-container:ID / podman-container:ID, ssh:TARGET"),
     R("--mcp-servers-config", "mcp_servers_config", S, "JSON file of MCP servers", hint="PATH",
       env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
     R("--mcp-servers-json", "mcp_servers_json", S, "inline JSON of MCP servers", hint="JSON",

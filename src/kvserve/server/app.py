@@ -1,6 +1,7 @@
 """The FastAPI app: llama-server's HTTP API over an ``EngineAPI``.
 
-``create_app(engine, cfg)`` wires routes (under ``--api-prefix``), the Web UI, the pre-routing middleware
+``create_app(engine, cfg)`` sets up the agent tools (``agent_tools.setup``; ``ToolSetupError`` stops
+start-up), wires routes (under ``--api-prefix``), the Web UI, the pre-routing middleware
 (CORS, 503 while loading, API key, ``Server: llama.cpp``), JSON error handlers (llama-server's
 error body; unknown paths are a JSON 404) and the request-body documentation.
 """
@@ -19,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import kvserve
-from kvserve.server import routes_generate, routes_misc, vertex, webui
+from kvserve.server import agent_tools, routes_generate, routes_misc, vertex, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
 from kvserve.server.jsonio import JSONResponse, error_response
@@ -50,6 +51,7 @@ def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
     app.state.engine = engine
     app.state.settings = s
     app.state.t_start = time.time()
+    app.state.agent_tools = agent_tools.setup(s)  # None: /tools answers 403; close() at shutdown
 
     routers = [routes_misc.make_router(s.api_prefix), routes_generate.make_router(s.api_prefix)]
     for router in routers:

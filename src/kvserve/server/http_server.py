@@ -92,3 +92,6 @@ def serve(engine: EngineAPI, cfg: Any) -> None:
     finally:
         for sock in sockets:
             sock.close()
+        registry = getattr(server.config.app.state, "agent_tools", None)
+        if registry is not None:
+            registry.close()  # e.g. the --tools-runtime container

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from kvserve.server import cors_proxy, embeddings
+from kvserve.server.agent_tools import route as agent_route
 from kvserve.server.completions import Kind, handle
 from kvserve.server.errors import disabled_endpoint, unsupported_feature
 from kvserve.server.jsonio import JSONResponse, read_object
@@ -85,8 +86,14 @@ def make_router(prefix: str) -> APIRouter:
                 raise unsupported_feature("/rerank", why)
             raise disabled_endpoint("reranking", "--reranking")
 
-    # Agent endpoints: 403 when not enabled, as in llama-server; /tools is a 400 when a flag asked for it.
+    # Agent endpoints: 403 when not enabled, as in llama-server; /tools is a 400 when only a flag kvserve
+    # lacks asked for it.
     async def tools_endpoint(request: Request) -> Response:
+        registry = request.app.state.agent_tools
+        if registry is not None:
+            if request.method == "GET":
+                return agent_route.list_tools(registry)
+            return await agent_route.call_tool(request, registry)
         why = request.app.state.settings.unsupported_features.get("tools")
         if why is not None:
             raise unsupported_feature("/tools", why)

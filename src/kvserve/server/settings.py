@@ -148,6 +148,8 @@ class ServerSettings:
     slots_debug: bool = False
     reuse_port: bool = False
     mcp_proxy: bool = False  # --ui-mcp-proxy / -ag: /cors-proxy forwards (server/cors_proxy.py)
+    tools: tuple[str, ...] = ()  # --tools names ("all"; -ag): built-in agent tools (server/agent_tools/)
+    tools_runtime: str = ""  # --tools-runtime spec: the isolate the tools run in
     unsupported_features: dict[str, str] = field(default_factory=dict)
     grammar: GrammarSpec | None = None  # --grammar/--grammar-file/-j/-jf: every request's default
     vertex: VertexSettings | None = None  # AIP_MODE=PREDICTION: the Vertex AI predict route (server/vertex.py)
@@ -232,6 +234,8 @@ class ServerSettings:
             build_info=str(_pick(cfg, d.build_info, "build_info")),
             reuse_port=bool(_pick(cfg, False, "reuse_port")),
             mcp_proxy=bool(_pick(cfg, False, "mcp_proxy")),
+            tools=_csv(_pick(cfg, (), "tools")),
+            tools_runtime=str(_pick(cfg, "", "tools_runtime") or ""),
             unsupported_features=dict(_pick(cfg, {}, "unsupported_features")),
             slots_debug=os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0"),
             grammar=_pick(cfg, None, "grammar_default", "sampling.grammar_default"),

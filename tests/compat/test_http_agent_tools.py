@@ -1,0 +1,128 @@
+"""GET/POST /tools through the real app (--tools), against llama-server's recorded answers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kvserve.config import load_config
+
+from .test_http_fake_engine import client, sse_events
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "agent_tools"
+
+
+def _tools_client(*tools: str):  # type: ignore[no-untyped-def]
+    c, _ = client(tools=tools or ("all",))
+    return c
+
+
+def test_get_tools_lists_the_builtin_tools_byte_for_byte() -> None:
+    """Recorded from llama-server b10621 ``--tools all``: GET /tools."""
+    r = _tools_client().get("/tools")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
+    assert r.text == (GOLDEN / "tools_list.json").read_text(encoding="utf-8")
+
+
+def test_only_the_named_tools_are_served() -> None:
+    c = _tools_client("read_file", "get_info")
+    assert [t["tool"] for t in c.get("/tools").json()] == ["read_file", "get_info"]
+    r = c.post("/tools", json={"tool": "write_file", "params": {"path": "x", "content": ""}})
+    assert r.status_code == 404 and r.json()["error"]["message"] == 'unknown tool "write_file"'
+
+
+def test_without_tools_the_endpoint_is_disabled() -> None:
+    c, _ = client()
+    r = c.post("/tools", json={"tool": "read_file", "params": {"path": "/etc/hostname"}})
+    assert r.status_code == 403 and r.json()["error"]["type"] == "feature_disabled"
+
+
+def test_write_read_edit_round_trip_with_the_cwd_header(tmp_path: Path) -> None:
+    c = _tools_client()
+    h = {"x-tool-cwd": str(tmp_path)}
+    r = c.post("/tools", headers=h, json={"tool": "write_file", "params": {"path": "a/b.txt", "content": "x\ny\n"}})
+    assert r.json() == {"result": "file written successfully", "path": "a/b.txt", "bytes": 4}
+    assert (tmp_path / "a" / "b.txt").read_text() == "x\ny\n"
+    r = c.post("/tools", headers=h, json={"tool": "edit_file", "params": {
+        "path": "a/b.txt", "edits": [{"old_text": "y", "new_text": "z"}], "cwd": "/elsewhere"}})
+    assert r.json() == {"result": "file edited successfully", "path": "a/b.txt", "edits_applied": 1}
+    r = c.post("/tools", headers=h, json={"tool": "read_file", "params": {"path": "a/b.txt", "append_loc": True}})
+    assert r.json() == {"plain_text_response": "1\u2192x\n2\u2192z\n"}
+
+
+def test_base64_reads_only_through_the_header(tmp_path: Path) -> None:
+    (tmp_path / "bin").write_bytes(b"\x00\xff")
+    c = _tools_client()
+    body = {"tool": "read_file", "params": {"path": str(tmp_path / "bin"), "resp_type": "base64"}}
+    assert "plain_text_response" in c.post("/tools", json=body).json()  # a param cannot ask for it
+    r = c.post("/tools", json=body, headers={"x-resp-type": "base64"})
+    assert r.json() == {"base64": "AP8=", "size_bytes": 2}
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    (b"not json", 400, "[json.exception.parse_error.101]"),
+    (b"[]", 400, "cannot use at() with array"),
+    (b"{}", 400, "[json.exception.out_of_range.403] key 'tool' not found"),
+    (b'{"tool": 1}', 400, "[json.exception.type_error.302] type must be string, but is number"),
+    (b'{"tool": "read_file"}', 400, "[json.exception.out_of_range.403] key 'path' not found"),
+    (b'{"tool": "read_file", "params": {"path": 5}}', 400, "type must be string, but is number"),
+    (b'{"tool": "read_file", "params": {"path": "x", "end_line": "9"}}', 400, "type must be number, but is string"),
+    (b'{"tool": "read_file", "params": [1]}', 400, "cannot use at() with array"),
+    (b'{"tool": "exec_shell_command", "params": {"command": "true"}, "stream": "yes"}', 400,
+     "type must be boolean, but is string"),
+])
+def test_malformed_calls_are_400_with_llama_servers_text(body: bytes, status: int, message: str) -> None:
+    r = _tools_client().post("/tools", content=body)
+    assert r.status_code == status and message in r.json()["message"], r.text
+    assert r.json()["type"] == "invalid_request_error" and r.json()["code"] == 400
+
+
+def test_tool_level_failures_are_200_with_an_error() -> None:
+    r = _tools_client().post("/tools", json={"tool": "read_file", "params": {"path": "/nonexistent/x"}})
+    assert r.status_code == 200 and r.json() == {"error": "cannot stat file: /nonexistent/x"}
+
+
+@pytest.mark.parametrize(("runtime", "message"), [
+    ("fake:does-not-exist", "unknown tool runtime: fake:does-not-exist"),
+    ("ssh:-oProxyCommand=touch /tmp/pwned", "invalid ssh target: -oProxyCommand=touch /tmp/pwned"),
+    ("docker-container:--privileged", "invalid container id: --privileged"),
+    ("podman-container:--privileged", "invalid container id: --privileged"),
+    ("docker:busybox", "tool runtime must name a running container: docker:busybox"),
+])
+def test_unusable_runtime_headers_are_500_and_never_run_on_the_host(runtime: str, message: str,
+                                                                    tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    r = _tools_client().post("/tools", headers={"x-tool-runtime": runtime},
+                             json={"tool": "exec_shell_command", "params": {"command": f"touch {marker}"}})
+    assert r.status_code == 500 and r.json() == {"code": 500, "message": message, "type": "server_error"}
+    assert not marker.exists()
+    r = _tools_client().post("/tools", headers={"x-tool-runtime": runtime}, json={
+        "tool": "exec_shell_command", "params": {"command": f"touch {marker}"}, "stream": True})
+    assert r.status_code == 200 and sse_events(r.text) == [{"done": True, "error": message}]
+    assert not marker.exists()
+
+
+def test_exec_shell_command_streams_chunks_then_done(tmp_path: Path) -> None:
+    r = _tools_client().post("/tools", headers={"x-tool-cwd": str(tmp_path)}, json={
+        "tool": "exec_shell_command", "params": {"command": "pwd; echo err >&2; exit 3"}, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == {"done": True}
+    assert "".join(e["chunk"] for e in events[:-1]) == f"{os.path.realpath(tmp_path)}\nerr\n\n[exit code: 3]"
+
+
+def test_stream_is_refused_for_tools_that_cannot_stream() -> None:
+    r = _tools_client().post("/tools", json={"tool": "read_file", "params": {"path": "x"}, "stream": True})
+    assert r.status_code == 404 and "does not support stream = true" in r.json()["error"]["message"]
+
+
+def test_config_enables_tools_and_keeps_cors_local() -> None:
+    cfg = load_config(["--tools", "read_file,grep_search"], {}, warn=lambda m: None).server
+    assert cfg.tools == ("read_file", "grep_search") and cfg.cors_origins == "localhost"
+    cfg = load_config(["-ag"], {}, warn=lambda m: None).server
+    assert cfg.tools == ("all",) and cfg.mcp_proxy and cfg.cors_origins == "localhost"
+    assert load_config(["--tools", "all", "--cors-origins", "*"], {}, warn=lambda m: None).server.cors_origins == "*"
+    assert json.loads(json.dumps(list(cfg.tools))) == ["all"]
