@@ -272,8 +272,6 @@ def _unsupported_features(parsed: ParsedArgs) -> dict[str, str]:
         given = [d for d in dests if parsed.explicit(d) and not flags_for_dest(d)[0].is_default(parsed[d])]
         if given:
             out[feature] = f"{why} (kvserve was started with {parsed.source(given[0])})"
-    if parsed["pooling"] == "rank":
-        out["rerank"] = "reranking is not supported (kvserve was started with --pooling rank)"
     return out
 
 
@@ -331,8 +329,11 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         kwargs["preserve_reasoning"] = bool(v["reasoning_preserve"])
     kwargs.setdefault("preserve_reasoning", True)
 
+    # --reranking is --embedding with rank pooling (llama-server sets both)
+    embedding = bool(v["embedding"] or v["rerank"])
+    pooling = "rank" if v["rerank"] else v["pooling"]
     n_batch, n_ubatch = v["n_batch"], v["n_ubatch"]
-    if v["embedding"] and n_batch > n_ubatch:
+    if embedding and n_batch > n_ubatch:
         note(f"warn: embeddings enabled with n_batch ({n_batch}) > n_ubatch ({n_ubatch}); "
              f"setting n_batch = n_ubatch = {n_ubatch}")
         n_batch = n_ubatch
@@ -366,7 +367,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         aliases=tuple(sorted(aliases)), tags=tuple(v["tags"]), verbosity=v["verbosity"],
         log_disable=v["log_disable"], log_file=v["log_file"] or None, special=v["special"],
         reverse_prompt=tuple(esc(s) for s in v["reverse_prompt"]), spm_infill=v["spm_infill"],
-        embedding=v["embedding"], pooling=None if v["pooling"] == "rank" else v["pooling"],
+        embedding=embedding, pooling=pooling,
         embd_normalize=v["embd_normalize"],
         jinja=v["jinja"], chat_template=v["chat_template"] or None,
         chat_template_kwargs=MappingProxyType(kwargs), slot_save_path=v["slot_save_path"] or None,
@@ -391,7 +392,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         n_keep=v["n_keep"], n_predict=v["n_predict"], cache_type_k=kv_k,
         cache_type_v=kv_v, threads=_threads(parsed, "threads"),
         threads_batch=_threads(parsed, "threads_batch"), flash_attn=v["flash_attn"], warmup=v["warmup"],
-        embedding=v["embedding"],
+        embedding=embedding,
     )
     sampling = SamplingDefaults(**{
         f.name: v[f.name] for f in fields(SamplingDefaults) if f.name != "dry_sequence_breakers"

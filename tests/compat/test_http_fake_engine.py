@@ -110,6 +110,8 @@ class FakeEngine:
     cancelled: set[int] = field(default_factory=set)
     slot_calls: list[tuple[int, str, str, str]] = field(default_factory=list)
     embed_calls: list[tuple[list[list[int]], str]] = field(default_factory=list)
+    rank_calls: list[list[list[int]]] = field(default_factory=list)
+    rerank_template: str | None = None
     compiled: list[Any] = field(default_factory=list)  # grammar specs passed to compile()
     error_after: int = -1  # emit a server error after this many tokens
     output: str = OUTPUT  # what the model "generates", cyclically, one character per token
@@ -222,6 +224,12 @@ class FakeEngine:
         if pooling == "none":
             return [[[float(t), 1.0] for t in toks] for toks in token_lists]
         return [[[3.0, 4.0]] for _ in token_lists]
+
+
+    def rank(self, token_lists: list[list[int]]) -> list[float]:
+        """Score: the number of prompt tokens (a longer document ranks higher)."""
+        self.rank_calls.append(token_lists)
+        return [float(len(t)) for t in token_lists]
 
 
 def settings(**kw: Any) -> ServerSettings:

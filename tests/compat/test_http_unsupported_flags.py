@@ -27,14 +27,6 @@ def test_tools_and_cors_proxy_endpoints() -> None:
     assert r.status_code == 400 and "--mcp-servers-json" in r.json()["error"]["message"]
 
 
-def test_rerank_with_reranking_flag_is_a_clear_400() -> None:
-    c, _ = _http()
-    assert c.post("/rerank", json={"query": "q", "documents": ["a"]}).status_code == 501
-    c, _ = _http("--reranking")
-    r = c.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
-    assert r.status_code == 400 and "--reranking" in r.json()["error"]["message"]
-
-
 def test_tools_flag_makes_cors_default_localhost() -> None:
     assert load_config(["--tools", "all"], {}, warn=lambda m: None).server.cors_origins == "localhost"
     explicit = load_config(["--tools", "all", "--cors-origins", "*"], {}, warn=lambda m: None)

@@ -281,11 +281,14 @@ def test_warned_flag_starts_with_one_warning(spec: FlagSpec, tmp_path: Path) -> 
 @pytest.mark.parametrize(("argv", "shown"), [
     (["-ctk", "q8_0"], "-ctk q8_0"),
     (["--cache-type-v", "q4_0"], "--cache-type-v q4_0"),
-    (["--pooling", "rank"], "--pooling rank"),
 ])
 def test_warned_values_of_implemented_flags(argv: list[str], shown: str) -> None:
     _, warnings = parse(argv)
     assert len(warnings) == 1 and warnings[0].startswith(f"warn: {shown} is accepted but has no effect in kvserve: ")
+
+
+def test_rank_pooling_is_silent() -> None:
+    assert parse(["--pooling", "rank"])[1] == [] and parse(["--reranking"])[1] == []
 
 
 def test_lora_without_apply_only_warns() -> None:

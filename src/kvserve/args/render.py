@@ -158,14 +158,23 @@ defaults, parsed with llama.cpp's rules:
 Every flag llama-server accepts starts kvserve. Where kvserve lacks the feature a flag enables
 or tunes, the flag **warns**: it is accepted with one start-up line
 `warn: <flag> is accepted but has no effect in kvserve: <reason>`, and a request that would use
-the feature gets a 400 naming it (`/tools` with only `--mcp-servers-*` and `/rerank` with
-`--reranking` answer 400 too; `/cors-proxy` with `--ui-mcp-proxy` or `-ag` is the MCP CORS proxy,
+the feature gets a 400 naming it (`/tools` with only `--mcp-servers-*` answers 400 too; `/cors-proxy` with `--ui-mcp-proxy` or `-ag` is the MCP CORS proxy,
 which forwards only the headers named `x-llama-server-proxy-header-NAME`). `--tools` (or `-ag`)
 serves llama-server's built-in agent tools at `GET/POST /tools` (see "Agent tools" below). Only a value that would silently change every answer (another
 model, RoPE overrides, adapters applied to every request, control vectors, the adaptive-p
 sampler) is **refused**: it stops kvserve with `error: <flag> is not supported by kvserve:
 <reason>` and exit status 1. Values at the default are always accepted. Some implemented flags
 warn about particular values (noted below).
+
+Reranking (`--reranking`, which is `--embedding --pooling rank`): `/rerank`, `/reranking`,
+`/v1/rerank` and `/v1/reranking` score each document on its own prompt (the model's
+`tokenizer.chat_template.rerank` with `{{query}}`/`{{document}}`, else `[BOS] query [EOS] [SEP]
+document [EOS]` as the vocabulary asks) as llama.cpp's rank pooling does for a causal model: the
+last token's final-normed hidden state, through the GGUF's classifier head `cls.output` (Qwen3
+rerankers, then a softmax) when there is one; without one (a chat model) the score is that
+state's first component, as llama-server answers. Jina (`documents`) and TEI (`texts`,
+`return_text`) formats, `top_n`, `usage`. A negative or non-integer `top_n` is a 400 (llama-server:
+a 500, or all documents).
 
 Context checkpoints (`--ctx-checkpoints`, `--checkpoint-min-step`): llama-server snapshots the
 KV state of SWA and recurrent layers so a later request can resume from a checkpoint. kvserve's

@@ -92,7 +92,6 @@ WARNED: dict[str, str] = {
     "fit": _FIT,
     "fit_ctx": _FIT,
     "fit_target": _FIT,
-    "rerank": "reranking is not supported",
     "lora_init_without_apply": _LORA,
     "models_max": _ROUTER,
     "models_autoload": _ROUTER,
@@ -128,7 +127,6 @@ WARNED: dict[str, str] = {
 # What a request that would use a warned flag's feature is told (400): feature -> (flags, why).
 FEATURES: dict[str, tuple[tuple[str, ...], str]] = {
     "tools": (("mcp_servers_config", "mcp_servers_json"), _AGENT),
-    "rerank": (("rerank",), "reranking is not supported"),
 }
 
 KV_CACHE_TYPES_SUPPORTED = ("f32", "f16", "bf16")
@@ -154,6 +152,4 @@ REFUSED_VALUES: dict[str, ValueRule] = {}
 WARNED_VALUES: dict[str, ValueRule] = {
     "cache_type_k": ValueRule(_kv_type_rule, "quantized types warn and store the KV cache as f16"),
     "cache_type_v": ValueRule(_kv_type_rule, "quantized types warn and store the KV cache as f16"),
-    "pooling": ValueRule(lambda v: "reranking is not supported" if v == "rank" else None,
-                         "`rank` warns (no reranking; embeddings use the model's pooling)"),
 }

@@ -73,6 +73,7 @@ class Engine:
         self.loaded = loaded
         self.tokenizer = tokenizer
         self.chat_template = template
+        self.rerank_template: str | None = loaded.metadata.get("tokenizer.chat_template.rerank") or None
         self.opts = opts
         cfg = loaded.cfg
         n_ctx = opts.n_ctx or cfg.n_ctx_train
@@ -229,8 +230,22 @@ class Engine:
     def embed(self, token_lists: list[list[int]], pooling: str) -> list[list[list[float]]]:
         return self.call(lambda: [self._embed_one(t, pooling) for t in token_lists])
 
-    def _embed_one(self, tokens: list[int], pooling: str) -> list[list[float]]:
-        if len(tokens) > self.opts.n_ubatch:
+    def rank(self, token_lists: list[list[int]]) -> list[float]:
+        """One relevance score per token list (rank pooling, see ``model/rank_head.py``)."""
+        head = self.loaded.rank_head
+        assert head is not None
+        return self.call(lambda: [head.score(self._hidden(t, causal_limit=True)[-1]) for t in token_lists])
+
+    def _hidden(self, tokens: list[int], causal_limit: bool = False) -> torch.Tensor:
+        """Final-normed hidden states of ``tokens`` computed alone (no cache). A pooling that
+        reads every token is limited to one physical batch, as in llama-server; one that reads
+        the last token of this causal model (``causal_limit``) only to the slot's context."""
+        if causal_limit and len(tokens) > self.n_ctx_slot:
+            raise EngineError(
+                f"request ({len(tokens)} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), "
+                "try increasing it", 400, "exceed_context_size_error",
+                {"n_prompt_tokens": len(tokens), "n_ctx": self.n_ctx_slot})
+        if not causal_limit and len(tokens) > self.opts.n_ubatch:
             raise EngineError(
                 f"input ({len(tokens)} tokens) is too large to process. increase the physical batch size "
                 f"(current batch size: {self.opts.n_ubatch})", 500, "server_error")
@@ -238,15 +253,21 @@ class Engine:
         self.cache.begin(seq_id, ("embedding",), tokens, use_cache=False)
         try:
             table = tuple(self.cache.reserve(seq_id, len(tokens)))
-            h = self.runner.hidden_states(tokens, table)
+            return self.runner.hidden_states(tokens, table)
         finally:
             self.cache.finish(seq_id, tokens, len(tokens), donate=False)
+
+    def _embed_one(self, tokens: list[int], pooling: str) -> list[list[float]]:
+        h = self._hidden(tokens, causal_limit=pooling in ("last", "rank"))
         if pooling == "none":
             return h.tolist()
         if pooling == "cls":
             return [h[0].tolist()]
         if pooling == "last":
             return [h[-1].tolist()]
+        if pooling == "rank":
+            assert self.loaded.rank_head is not None
+            return [self.loaded.rank_head.pooled(h[-1]).tolist()]
         return [h.mean(0).tolist()]
 
     # -- thread ----------------------------------------------------------------------------

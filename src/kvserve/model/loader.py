@@ -31,6 +31,7 @@ from .quant.build import RawTensor, WeightSummary, add_to_summary, dense_on, fus
 from .quant.embedding import PlaneEmbedding, QuantEmbedding
 from .quant.groups import GGUFGroups
 from .quant.linear import QuantLinear
+from .rank_head import HEAD_ARCHS, HEAD_TENSORS, RankHead
 
 # GGUF tensor-name suffix → module parameter path inside a block.
 _BLOCK_NAMES = {
@@ -68,6 +69,7 @@ class LoadedModel:
     weights: str = "dense"  # quant | dense
     weight_bytes: int = 0  # bytes of parameters and buffers the model holds
     summary: WeightSummary | None = None  # per-path tensors and bytes (quant layout)
+    rank_head: RankHead | None = None  # rank pooling (--reranking); the file's classifier head if any
 
 
 def param_name(gguf_name: str) -> str:
@@ -174,9 +176,15 @@ def load_gguf(
     raws: dict[str, RawTensor] = {}  # quant layout: 2-D weights, by module path
     linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     bar = _progress(len(reader.tensors))
+    head: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
         if t.tensor_type not in known:
             raise UnsupportedModelError(f"unsupported tensor type {t.tensor_type} of '{t.name}'")
+        if t.name in HEAD_TENSORS and cfg.arch in HEAD_ARCHS:
+            shape = tuple(int(x) for x in reversed(t.shape))
+            head[t.name] = dequantize(t.data, t.tensor_type, shape).to(device=device, dtype=torch.float32)
+            reader.release(t)
+            continue
         pname = param_name(t.name)
         if pname not in expected:
             raise UnsupportedModelError(f"tensor '{t.name}' does not belong to architecture '{cfg.arch}'")
@@ -227,6 +235,7 @@ def load_gguf(
         weights=weights,
         weight_bytes=_module_bytes(model),
         summary=summary,
+        rank_head=RankHead.from_tensors(cfg.arch, head),
     )
 
 

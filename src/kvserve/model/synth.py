@@ -32,6 +32,7 @@ class SynthSpec:
     tied: bool = True
     qtype: str = "F32"  # F32 | F16 | Q8_0 | Q4_0 | Q4_1 | Q4_K | Q6_K ... | Q4_K_M (Q6_K for V, down, output)
     seed: int = 0
+    n_cls_out: int = 0  # > 0: a classifier head ``cls.output.weight`` [n_cls_out, n_embd] (rank pooling)
 
 
 def _byte_vocab(n_vocab: int) -> tuple[list[str], list[str]]:
@@ -129,6 +130,8 @@ def write_random_gguf(path: str, spec: SynthSpec) -> str:
     add("output_norm.weight", (e,), ones=True)
     if not spec.tied:
         add("output.weight", (spec.n_vocab, e))
+    if spec.n_cls_out:
+        add("cls.output.weight", (spec.n_cls_out, e), 0.5)
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", (e,), ones=True)

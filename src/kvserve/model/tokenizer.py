@@ -224,6 +224,10 @@ class Tokenizer:
         return self.vocab.add_eos
 
     @property
+    def add_sep(self) -> bool:
+        return self.vocab.add_sep
+
+    @property
     def bos_token(self) -> str:
         """BOS rendered with special tokens (what templates get as ``bos_token``); "" without BOS."""
         return self._special_text(self.bos_id)

@@ -188,6 +188,7 @@ class VocabInfo:
     add_space_prefix: bool
     eog_ids: frozenset[int]
     merges: list[str] | None
+    add_sep: bool = False  # tokenizer.ggml.add_sep_token (query/document separator of rerank prompts)
 
     @property
     def vocab_type(self) -> int:
@@ -241,6 +242,7 @@ class VocabInfo:
             add_space_prefix=add_space_prefix,
             eog_ids=frozenset(eog),
             merges=merges,
+            add_sep=bool(meta.get("tokenizer.ggml.add_sep_token", False)),
         )
 
     def piece_bytes(self, tid: int) -> bytes:

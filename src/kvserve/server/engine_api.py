@@ -7,7 +7,7 @@ Threading contract:
 - ``submit``, ``cancel`` and ``new_request_id`` are thread-safe and never block for long.
 - ``health``, ``slots_snapshot``, ``metrics_snapshot`` and ``cache_info`` may be called from
   the event loop; they read the latest published snapshot and never wait for a step.
-- ``slot_action`` and ``embed`` may block (they run in a worker thread on the server side).
+- ``slot_action``, ``embed`` and ``rank`` may block (they run in a worker thread on the server side).
 - Exactly one terminal event (``FinalEvent`` or ``ErrorEvent``) per submitted request, also
   after ``cancel`` (an ``ErrorEvent`` or a ``FinalEvent`` with what was generated; the server
   ignores events of requests it has cancelled). The engine reports context overflow,
@@ -66,6 +66,10 @@ class EngineAPI(Protocol):
     @property
     def n_ctx_slot(self) -> int: ...
     @property
+    def rerank_template(self) -> str | None:
+        """The model's rerank prompt (``{query}``/``{document}`` placeholders), None without one."""
+        ...
+    @property
     def n_slots(self) -> int: ...
     @property
     def ready(self) -> bool: ...
@@ -107,4 +111,8 @@ class EngineAPI(Protocol):
 
     def embed(self, token_lists: list[list[int]], pooling: str) -> list[list[list[float]]]:
         """Per input: one vector (pooled) or one per token (pooling "none"). Un-normalized."""
+        ...
+
+    def rank(self, token_lists: list[list[int]]) -> list[float]:
+        """Per input (a query/document prompt): its relevance score (rank pooling)."""
         ...

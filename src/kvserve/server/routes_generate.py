@@ -6,10 +6,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kvserve.server import cors_proxy, embeddings
+from kvserve.server import cors_proxy, embeddings, rerank
 from kvserve.server.agent_tools import route as agent_route
 from kvserve.server.completions import Kind, handle
-from kvserve.server.errors import disabled_endpoint, unsupported_feature
+from kvserve.server.errors import unsupported_feature
 from kvserve.server.jsonio import JSONResponse, read_object
 from kvserve.server.schemas import (
     AnthropicMessagesRequest,
@@ -80,11 +80,9 @@ def make_router(prefix: str) -> APIRouter:
 
     for path in ("/rerank", "/reranking", "/v1/rerank", "/v1/reranking"):
         @r.post(path, include_in_schema=False)
-        async def rerank(request: Request) -> Response:
-            why = request.app.state.settings.unsupported_features.get("rerank")
-            if why is not None:
-                raise unsupported_feature("/rerank", why)
-            raise disabled_endpoint("reranking", "--reranking")
+        async def rerank_route(request: Request) -> Response:
+            st = request.app.state
+            return JSONResponse(await rerank.compute(st.engine, st.settings, await read_object(request)))
 
     # Agent endpoints: 403 when not enabled, as in llama-server; /tools is a 400 when only a flag kvserve
     # lacks asked for it.

@@ -174,6 +174,8 @@ class ServerSettings:
                 if v is not None:
                     sampling[k] = v
         model_name = str(_pick(cfg, d.model_name, "model_name", "alias", "model_alias", "model"))
+        embedding = bool(_pick(cfg, False, "embedding", "embeddings"))
+        pooling = str(_pick(cfg, d.pooling, "pooling", "pooling_type"))
         aliases = tuple(sorted(set(_csv(_pick(cfg, (), "aliases"))))) or (model_name,)
         kwargs = _pick(cfg, {}, "chat_template_kwargs")
         if isinstance(kwargs, str):
@@ -211,9 +213,9 @@ class ServerSettings:
             model_path=str(_pick(cfg, model_name, "model_path", "model")),
             special=bool(_pick(cfg, False, "special")),
             reverse_prompt=_csv_list(_pick(cfg, (), "reverse_prompt", "antiprompt")),
-            embedding=bool(_pick(cfg, False, "embedding", "embeddings")),
-            reranking=bool(_pick(cfg, False, "reranking", "rerank")),
-            pooling=str(_pick(cfg, d.pooling, "pooling", "pooling_type")),
+            embedding=embedding,
+            reranking=bool(_pick(cfg, embedding and pooling == "rank", "reranking")),
+            pooling=pooling,
             embd_normalize=int(_pick(cfg, d.embd_normalize, "embd_normalize")),
             n_predict=int(_pick(cfg, d.n_predict, "n_predict")),
             n_keep=int(_pick(cfg, d.n_keep, "n_keep", "keep")),
