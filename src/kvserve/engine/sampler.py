@@ -20,7 +20,9 @@ truncating stages (top_k, top_p, typ_p) shrink W, so after top_k the default cha
 entropy (log of the number of candidates) tells them apart, when -inf logits remain in
 llama.cpp's array (logit_bias bans, top_n_sigma).
 DRY, XTC's coin flip and mirostat run per row. The final draw walks the live candidates in
-token-id order with one uniform from the row's generator. The "infill" sampler is accepted in
+llama.cpp's order (by logit once a stage has sorted them, as top_k does; else by token id) with
+one uniform from the row's ``std::mt19937`` stream (``mt19937``), as llama.cpp draws it: a
+seeded request draws the token llama-server draws wherever the probabilities agree. The "infill" sampler is accepted in
 ``samplers`` but not applied.
 
 Layers (each imports only the ones below it):

@@ -18,8 +18,9 @@ chain (``sampler.sample_batch``'s groups), which stays the reference.
 Same arithmetic and the same draw as the chain: the rows' stages run side by side (a row
 whose stage is inactive gets its neutral parameter: top_p 1 keeps everything, min_p 0 keeps
 everything, temperature 1 divides by one), candidates are ordered by logit, ties by token id,
-as the chain orders them for top_k's cut and top_p (``sampler_stages.topk_by_id``), and the final draw walks the live candidates in token-id
-order with the one uniform the row draws from its own generator per call. So a seeded request
+as the chain orders them for top_k's cut and top_p (``sampler_stages.topk_by_id``), and the final
+draw walks the live candidates in that order with the one uniform the row draws from its own
+generator per call. So a seeded request
 gives the same tokens on either path (up to float rounding in reductions over a different
 number of -inf columns when the batch's largest top_k differs from the row's group's).
 
@@ -113,7 +114,7 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
         for i in dist:
             s = samplers[i]
             p, plan = s.params, s.plan
-            u = float(torch.rand((), generator=s.rng, dtype=torch.float64))
+            u = s.rng.uniform()
             table.append([u, min(p.top_k, x.shape[1]),
                           p.top_p if "top_p" in plan else float("inf"),
                           p.min_p if "min_p" in plan else 0.0,
@@ -182,11 +183,9 @@ def _dist(x: Tensor, cols: Tensor, k_max: int) -> Tensor:
     # min_p, then temperature
     vals = torch.where(vals >= vals.amax(-1, keepdim=True) + torch.log(min_p.float())[:, None], vals, NEG_INF)
     vals = vals / temp.float()[:, None]
-    # the draw over the live candidates in token-id order
-    ids, perm = ids.sort(dim=-1)
-    vals = vals.gather(-1, perm)
+    # the draw over the live candidates in the order top_k left them (by logit, ties by id)
     probs = torch.nan_to_num(torch.softmax(vals, -1), nan=0.0)
     cum = torch.cumsum(probs.double(), -1)
-    pos = torch.searchsorted(cum, (u * cum[:, -1])[:, None], right=True).clamp(max=k_max - 1)
+    pos = torch.searchsorted(cum, (u * cum[:, -1])[:, None]).clamp(max=k_max - 1)
     pos = torch.where(probs.gather(-1, pos) > 0, pos, probs.argmax(-1, keepdim=True))
     return ids.gather(-1, pos).squeeze(-1)

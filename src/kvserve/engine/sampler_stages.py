@@ -36,7 +36,7 @@ class Group:
         table = []
         for s in seqs:  # the row's one uniform of this call, drawn before any XTC coin
             p = s.params
-            u = float(torch.rand((), generator=s.rng, dtype=torch.float64))
+            u = s.rng.uniform()
             table.append([u, p.top_p, p.min_p, p.min_keep, p.typical_p, p.top_n_sigma, p.temperature,
                           p.dynatemp_range, p.dynatemp_exponent, p.xtc_threshold, p.repeat_penalty,
                           p.frequency_penalty, p.presence_penalty])
@@ -228,7 +228,7 @@ def _stage_typ_p(c: Cand, g: Group) -> Cand:
 def _stage_xtc(c: Cand, g: Group) -> Cand:
     alive = (c.vals > NEG_INF).sum(-1).tolist()
     rows = [i for i, s in enumerate(g.seqs) if alive[i] >= 2
-            and float(torch.rand((), generator=s.rng)) <= s.params.xtc_probability]
+            and s.xtc_rng.uniform_float() <= s.params.xtc_probability]
     if not rows:
         return c
     r = vec(rows, c.vals, torch.long)
@@ -322,17 +322,35 @@ def adaptive_transform(c: Cand, g: Group) -> Tensor:
     return p
 
 
+def _in_draw_order(c: Cand, g: Group) -> tuple[Tensor, Tensor]:
+    """(ids, vals) of each row's candidates in the order llama.cpp's draw walks them
+    (``SequenceSampler.draw_order``): by logit, ties by token id; by token id; as they are."""
+    ids, vals = c.token_ids(), c.vals
+    orders = [s.draw_order for s in g.seqs]
+    if "id" in orders and c.ids is not None:
+        by_id = ids.sort(dim=-1).indices
+        ids_i, vals_i = ids.gather(-1, by_id), vals.gather(-1, by_id)
+        rows = vec([o == "id" for o in orders], vals, torch.bool)[:, None]
+        ids, vals = torch.where(rows, ids_i, ids), torch.where(rows, vals_i, vals)
+    if "desc" in orders:
+        by_id = ids.sort(dim=-1).indices  # the stable sort below then orders ties by token id
+        ids_d, vals_d = ids.gather(-1, by_id), vals.gather(-1, by_id)
+        vals_d, perm = vals_d.sort(dim=-1, descending=True, stable=True)
+        ids_d = ids_d.gather(-1, perm)
+        rows = vec([o == "desc" for o in orders], vals, torch.bool)[:, None]
+        ids, vals = torch.where(rows, ids_d, ids), torch.where(rows, vals_d, vals)
+    return ids, vals
+
+
 def pick(c: Cand, g: Group) -> tuple[Tensor, Tensor]:
-    """The seeded draw over the live candidates in token-id order: (token, its prob).
+    """The seeded draw over the live candidates in llama.cpp's order: (token, its prob). As
+    llama.cpp's ``dist``: the first candidate whose cumulative probability reaches u·Σp.
 
     Leaves ``c`` holding the final candidates as probabilities (for post-sampling probs)."""
-    ids, vals = c.token_ids(), c.vals
-    if c.ids is not None:
-        ids, perm = ids.sort(dim=-1)
-        vals = vals.gather(-1, perm)
+    ids, vals = _in_draw_order(c, g)
     probs = torch.nan_to_num(torch.softmax(vals, -1), nan=0.0)
     cum = torch.cumsum(probs.double(), -1)
-    pos = torch.searchsorted(cum, (g.col("u", torch.float64) * cum[:, -1])[:, None], right=True)
+    pos = torch.searchsorted(cum, (g.col("u", torch.float64) * cum[:, -1])[:, None])
     pos = pos.clamp(max=vals.shape[1] - 1)
     pos = torch.where(probs.gather(-1, pos) > 0, pos, probs.argmax(-1, keepdim=True))
     c.vals, c.ids = probs, ids

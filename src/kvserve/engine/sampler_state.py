@@ -1,7 +1,8 @@
 """Per-request sampler state: the parameters, the plan they select, and what accepted tokens change.
 
-One ``SequenceSampler`` per generating sequence holds its parameters, its own CPU
-``torch.Generator`` (a fixed seed gives the same tokens whatever else is in the batch), the
+One ``SequenceSampler`` per generating sequence holds its parameters, its own random streams
+(``mt19937``: llama.cpp's, so a fixed seed draws the uniforms llama-server draws, whatever else
+is in the batch), the
 penalty / DRY windows of accepted tokens (prompt + generated: llama-server accepts the prompt
 tokens into its sampler before the first draw), and mirostat / adaptive-p state.
 ``build_plan`` turns parameters into (stages to run, final pick). No tensor work happens here:
@@ -15,9 +16,8 @@ import secrets
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Iterable
 
-import torch
-
 from kvserve.engine.dry import DryBreakers, dry_penalties
+from kvserve.engine.mt19937 import Mt19937
 from kvserve.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -66,6 +66,24 @@ def build_plan(p: SamplingParams) -> tuple[tuple[str, ...], str]:
     return stages, final
 
 
+def draw_order(plan: tuple[str, ...], final: str, p: SamplingParams) -> str:
+    """The order in which llama.cpp's final draw walks the candidates it is left with:
+    "id" (token-id order: no stage sorted them), "desc" (by logit: top_k, top_p, dynamic
+    temperature and mirostat sort them) or "chain" (as the last reordering stage left them:
+    typ_p's typicality order). XTC's coin, when it hits, also sorts; that is not followed."""
+    if final.startswith("mirostat"):
+        return "desc"
+    order = "id"
+    for name in plan:
+        if name == "top_k" or (name == "top_p" and order != "desc"):
+            order = "desc"
+        elif name == "typ_p":
+            order = "chain"
+        elif name == "temperature" and p.dynatemp_range > 0.0:
+            order = "desc"
+    return order
+
+
 class SequenceSampler:
     """Sampler state of one sequence; feed every accepted token to ``accept``.
 
@@ -94,9 +112,10 @@ class SequenceSampler:
         self.vocab_size = int(vocab_size)
         self.eog_ids = tuple(int(t) for t in eog_ids)
         self.seed = secrets.randbits(32) if params.is_random_seed else params.seed_u32
-        self.rng = torch.Generator(device="cpu")
-        self.rng.manual_seed(self.seed)
+        self.rng = Mt19937(self.seed)  # the final draw's uniforms (dist, mirostat, adaptive-p)
+        self.xtc_rng = Mt19937(self.seed)  # XTC's coin: a generator of its own, as in llama.cpp
         self.plan, self.final = build_plan(params)
+        self.draw_order = draw_order(self.plan, self.final, params)
 
         bias = list(params.logit_bias)
         if params.ignore_eos:
