@@ -343,6 +343,8 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     if (v["tools"] or v["agent"] or v["mcp_servers_config"] or v["mcp_servers_json"]) and not parsed.explicit(
             "cors_origins"):
         cors_origins = "localhost"  # llama-server's post-parse rule for tools and MCP servers
+        note("warn: server tools or MCP servers are enabled, using localhost as default CORS origin "
+             "(change via --cors-origins)")
     cache_idle_slots = v["cache_idle_slots"]
     if cache_idle_slots and v["cache_ram_mib"] == 0:
         note("warn: --cache-idle-slots requires --cache-ram (it is 0); disabling --cache-idle-slots")

@@ -126,3 +126,48 @@ def test_config_enables_tools_and_keeps_cors_local() -> None:
     assert cfg.tools == ("all",) and cfg.mcp_proxy and cfg.cors_origins == "localhost"
     assert load_config(["--tools", "all", "--cors-origins", "*"], {}, warn=lambda m: None).server.cors_origins == "*"
     assert json.loads(json.dumps(list(cfg.tools))) == ["all"]
+
+
+def test_stream_chunks_arrive_while_the_command_runs(tmp_path: Path) -> None:
+    import time
+
+    c = _tools_client()
+    body = {"tool": "exec_shell_command", "params": {"command": "echo first; sleep 4; echo second"}, "stream": True}
+    t0 = time.monotonic()
+    with c.stream("POST", "/tools", json=body) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line)
+        t_first = time.monotonic() - t0
+        rest = [line for line in lines if line]
+    assert first == 'data: {"chunk":"first\\n"}' and t_first < 3.5
+    assert rest[-1] == 'data: {"done":true}' and 'data: {"chunk":"second\\n"}' in rest
+
+
+def test_a_client_that_goes_away_stops_the_command(tmp_path: Path) -> None:
+    import time
+
+    marker = tmp_path / "marker"
+    c = _tools_client()
+    body = {"tool": "exec_shell_command", "stream": True,
+            "params": {"command": f"echo first; sleep 1; echo more; sleep 1; touch {marker}"}}
+    with c.stream("POST", "/tools", json=body) as r:
+        assert next(line for line in r.iter_lines() if line) == 'data: {"chunk":"first\\n"}'
+    time.sleep(3.5)
+    assert not marker.exists()  # killed at its next output, before `touch`
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tools", "read_file,bogus"], 'tools setup failed: unknown tool "bogus". available tools: read_file, '
+                                     "file_glob_search, grep_search, exec_shell_command, write_file, edit_file, "
+                                     "get_info"),
+    (["--tools", "all", "--tools-runtime", "ssh:-x"], "tools setup failed: invalid ssh target: -x"),
+])
+def test_unusable_tool_settings_stop_start_up(argv: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src}
+    proc = subprocess.run([sys.executable, "-m", "kvserve", *argv, "--port", "0"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]

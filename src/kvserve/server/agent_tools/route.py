@@ -29,6 +29,7 @@ from kvserve.server.jsonio import JSONResponse, dumps, json_type, parse_json
 
 log = logging.getLogger("kvserve.tools")
 
+_RUNNING: set[asyncio.Task[None]] = set()  # streamed calls whose client may be gone (strong references)
 _INJECTED = (("cwd", "x-tool-cwd"), ("runtime", "x-tool-runtime"), ("resp_type", "x-resp-type"))
 
 
@@ -117,7 +118,10 @@ async def _stream(tool: Tool, params: dict[str, Any]) -> AsyncIterator[bytes]:
 
     def emit(chunk: str) -> bool:
         if chunk and alive:
-            loop.call_soon_threadsafe(queue.put_nowait, {"chunk": chunk})
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, {"chunk": chunk})
+            except RuntimeError:  # the event loop is gone (shutdown)
+                return False
         return alive
 
     async def run() -> None:
@@ -129,6 +133,8 @@ async def _stream(tool: Tool, params: dict[str, Any]) -> AsyncIterator[bytes]:
         queue.put_nowait(done)
 
     task = asyncio.ensure_future(run())
+    _RUNNING.add(task)
+    task.add_done_callback(_RUNNING.discard)
     try:
         while True:
             event = await queue.get()
@@ -136,6 +142,4 @@ async def _stream(tool: Tool, params: dict[str, Any]) -> AsyncIterator[bytes]:
             if event.get("done"):
                 break
     finally:
-        alive = False
-        if not task.done():
-            task.add_done_callback(lambda t: t.exception())  # the worker ends at its next chunk or timeout
+        alive = False  # a worker still running ends at its next chunk or its timeout

@@ -1,0 +1,66 @@
+"""Record llama-server's answers to the tool calls of tests/compat/agent_tools_cases.py into
+tests/golden/agent_tools/calls.json (``[name, status, normalized body]`` per call).
+
+usage: python scripts/record_agent_tools.py LLAMA_SERVER MODEL.gguf [OUT.json]
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compat"))
+from agent_tools_cases import CASES, make_tree, normalize  # noqa: E402
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, object]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def main() -> None:
+    server, model = sys.argv[1], sys.argv[2]
+    out = Path(sys.argv[3]) if len(sys.argv) > 3 else Path(__file__).resolve().parent.parent / "tests" / "golden" \
+        / "agent_tools" / "calls.json"
+    port = _port()
+    proc = subprocess.Popen([server, "-m", model, "--tools", "all", "--port", str(port), "-c", "512"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with tempfile.TemporaryDirectory() as tmp:
+            make_tree(Path(tmp))
+            rows = []
+            for name, headers, body in CASES:
+                status, answer = _post(f"http://127.0.0.1:{port}/tools", body, {"x-tool-cwd": tmp, **headers})
+                rows.append([name, status, normalize(answer, tmp)])
+        out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(f"{len(rows)} calls recorded into {out}")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Every call of agent_tools_cases.py answered as llama-server b10621 answered it (calls.json,
+recorded by scripts/record_agent_tools.py) through POST /tools of the real app."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .agent_tools_cases import CASES, make_tree, normalize
+from .test_http_fake_engine import client
+
+GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "agent_tools" / "calls.json").read_text("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
+    root = tmp_path_factory.mktemp("tree")
+    make_tree(root)
+    c, _ = client(tools=("all",))
+    out: dict[str, list[Any]] = {}
+    for name, headers, body in CASES:
+        r = c.post("/tools", json=body, headers={"x-tool-cwd": str(root), **headers})
+        out[name] = [r.status_code, normalize(r.json(), str(root))]
+    return out
+
+
+@pytest.mark.parametrize(("name", "status", "body"), GOLDEN, ids=[g[0] for g in GOLDEN])
+def test_call_matches_llama_server(answers: dict[str, list[Any]], name: str, status: int, body: Any) -> None:
+    if name in ("glob_git", "grep_git") and shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    if name == "info":  # the machine's own uname
+        body = {**body, "os": subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()}
+    assert answers[name] == [status, body]
+
+
+def test_every_case_was_recorded() -> None:
+    assert [g[0] for g in GOLDEN] == [c[0] for c in CASES]
