@@ -98,9 +98,10 @@ def build_engine(cfg: Config):
     mem = engine.memory_info()
     budget = mem["cache_ram_budget_bytes"]
     log.info(
-        "memory: weights %.1f MiB (%s), KV pool %.1f MiB (%d pages), prompt-cache budget %s",
+        "memory: weights %.1f MiB (%s), KV pool %.1f MiB (%d pages), prompt-cache budget %s%s",
         mem["weight_bytes"] / 2**20, loaded.weights, mem["kv_pool_bytes"] / 2**20, mem["kv_pool_pages"],
         "unlimited" if budget < 0 else f"{budget / 2**20:.1f} MiB",
+        " of host RAM for pages the device pool evicts (host tier)" if mem["host_tier"] else "",
     )
     return engine
 

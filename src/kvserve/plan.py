@@ -36,6 +36,18 @@ class KVMove:
 
 
 @dataclass(frozen=True)
+class TierCopy:
+    """Copy one KV page (every layer, every row) between the device pool and the host tier:
+    device page ``page`` to host slot ``slot`` when ``to_host`` (an eviction that keeps the
+    page's KV), else host slot ``slot`` to device page ``page`` (a prefix hit on a page that
+    was moved out). Copies run in list order, before the plan's moves and forward."""
+
+    to_host: bool
+    page: int
+    slot: int
+
+
+@dataclass(frozen=True)
 class SeqChunk:
     """Tokens of one sequence to run at positions [start_pos, start_pos + len(tokens)).
 
@@ -54,6 +66,7 @@ class SeqChunk:
 class Plan:
     chunks: tuple[SeqChunk, ...]
     moves: tuple[KVMove, ...] = ()
+    copies: tuple[TierCopy, ...] = ()  # host-tier copies; they run first
 
 
 @dataclass

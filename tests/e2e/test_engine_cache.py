@@ -190,3 +190,38 @@ def test_no_cache_idle_slots_keeps_kv_to_its_slot(smollm, tok):
     assert same.final.n_cached == len(ids) - 1
     assert a.final.content == other.final.content == same.final.content
     assert_idle(eng)
+
+
+def test_host_tier_brings_evicted_prompts_back_with_the_same_answers(smollm, tok):
+    """A pool of a few prompts' worth of pages and a host tier: later prompts push the first
+    one's pages out to host memory; asked again, it is found there, loaded back, and answered
+    exactly as from scratch. /metrics and /props count both tiers."""
+    eng = make_engine(smollm, n_slots=1, n_ctx=128, host_tier=True, cache_ram_mib=64)  # 12 pages
+    assert eng.cache.host is not None and eng.runner.host_kv is not None
+    prompts = [tok.encode(t, add_special=True, parse_special=False)[:100] for t in TEXTS[:3]]
+    first = []
+    for p in prompts:
+        _, c = submit(eng, p, n_predict=8)
+        run(eng, [c])
+        first.append(c.final)
+    st = eng.cache.stats()
+    assert st.offloaded_pages > 0 and st.host_pages > 0
+    _, again = submit(eng, prompts[0], n_predict=8)
+    run(eng, [again])
+    assert again.final.n_cached == len(prompts[0]) - 1
+    assert again.final.tokens == first[0].tokens
+    st = eng.cache.stats()
+    assert st.loaded_pages >= 4 and st.tokens_loaded >= 64
+    m = eng.metrics_snapshot()
+    assert m['kvserve:cache_tokens_reused_total{source="host"}'] == st.tokens_loaded
+    assert m["kvserve:cache_host_offloads_total"] == st.offloaded_pages
+    assert m['kvserve:cache_tier_bytes{tier="host"}'] == st.host_pages * eng.page_bytes
+    info = eng.cache_info()
+    host = info["tiers"]["host"]
+    assert info["cache_ram_budget_bytes"] == host["budget_bytes"] == (64 << 20) // eng.page_bytes * eng.page_bytes
+    assert host["loaded_pages"] == st.loaded_pages and host["bytes"] <= host["budget_bytes"]
+    assert eng.memory_info()["host_tier_allocated_bytes"] > 0
+    _, cold = submit(eng, prompts[0], n_predict=8, cache_prompt=False)
+    run(eng, [cold])
+    assert cold.final.tokens == first[0].tokens
+    assert_idle(eng)

@@ -65,7 +65,7 @@ class FakeTokenizer:
 
 
 class FakeRunner:
-    """Executes a plan on ``KVSim``: moves first, then each chunk, asserting that every row
+    """Executes a plan on ``KVSim``: host-tier copies, then moves, then each chunk, asserting that every row
     below the chunk holds KV of its own position; logits are one-hot on ``next_token``.
     ``fail(plan)`` returning True makes the step raise (after the moves, like a forward
     that dies half-way)."""
@@ -77,6 +77,8 @@ class FakeRunner:
 
     def run(self, plan: Plan) -> RunOutput:
         self.n_runs += 1
+        for c in plan.copies:  # host-tier copies first, in order
+            self.kv.copy(c)
         for mv in plan.moves:
             self.kv.apply(mv)
         if self.fail is not None and self.fail(plan):
@@ -119,8 +121,11 @@ class Events:
 
 class Harness:
     def __init__(self, n_pages: int, page_size: int = 4, n_slots: int = 4, n_ctx_slot: int = 64,
-                 n_batch: int = 64, retain: int | None = None, fail: Callable[[Plan], bool] | None = None):
-        self.mgr = KVCacheManager(n_pages, page_size, retain)
+                 n_batch: int = 64, retain: int | None = None, fail: Callable[[Plan], bool] | None = None,
+                 host: int | None | bool = False):
+        """``host``: False = no host tier, else its limit in pages (None: unbounded)."""
+        self.mgr = KVCacheManager(n_pages, page_size, retain, host_tier=host is not False,
+                                  host_limit_pages=None if host is False else host)
         tok = FakeTokenizer()
         self.sch = Scheduler(
             SchedulerConfig(n_slots=n_slots, n_ctx_slot=n_ctx_slot, n_batch=n_batch, page_size=page_size),

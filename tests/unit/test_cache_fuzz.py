@@ -8,6 +8,10 @@ return ``max(LCP(key, tokens))`` over the namespace's keys. After every step:
 ``check_integrity()``; and a KV simulator (each row = the (token, position) it holds, moves
 applied lazily at the sequence's next step, as late as a real plan could run them) must read
 every running sequence's tokens at their positions and every index page's tokens at its depth.
+
+With a host tier, evicted pages move to host slots and stay findable (the oracle's keys stay);
+only host evictions and drops remove keys. The host-tier copies run lazily too: before the
+next operation that touches KV rows (a forward, a move, a check), in the order issued.
 """
 
 from __future__ import annotations
@@ -154,7 +158,12 @@ class Fuzz:
             self.flush_evictions()
             self.kv.assert_seq(mgr.page_table(sid), s.tokens, end)
 
+    def sync(self) -> None:
+        for c in self.mgr.take_copies():
+            self.kv.copy(c)
+
     def run_moves(self, s: Seq) -> None:
+        self.sync()
         for mv in s.pending:
             self.kv.apply(mv)
         s.pending.clear()
@@ -199,19 +208,24 @@ class Fuzz:
 
     def check(self) -> None:
         self.mgr.check_integrity()
-        self.kv.assert_index(self.mgr.index)
-        for sid, s in self.seqs.items():
-            if not s.pending:
-                self.kv.assert_seq(self.mgr.page_table(sid), s.tokens, s.n_computed)
+        if self.mgr.host is None or self.rng.random() < 0.3:  # else copies pile up across calls
+            self.sync()
+            self.kv.assert_index(self.mgr.index)
+            for sid, s in self.seqs.items():
+                if not s.pending:
+                    self.kv.assert_seq(self.mgr.page_table(sid), s.tokens, s.n_computed)
         toks = self.prompt()
         for ns in ("a", "b"):
             want = self.model.hit(ns, toks) if self.mgr.enabled else 0
             assert self.mgr.lookup_len(ns, toks) == want
 
 
-def run_fuzz(seed: int, n_pages: int, page_size: int, limit: int | None, steps: int) -> None:
+def run_fuzz(seed: int, n_pages: int, page_size: int, limit: int | None, steps: int,
+             host: int | None | bool = False) -> KVCacheManager:
+    """``host``: False = no host tier, else its limit in pages (None: unbounded)."""
     rng = random.Random(seed)
-    mgr = KVCacheManager(n_pages, page_size, limit)
+    mgr = KVCacheManager(n_pages, page_size, limit, host_tier=host is not False,
+                         host_limit_pages=None if host is False else host)
     model = Model(page_size)
     f = Fuzz(
         rng,
@@ -241,10 +255,13 @@ def run_fuzz(seed: int, n_pages: int, page_size: int, limit: int | None, steps: 
         f.check()
     for sid in list(f.seqs):
         f.finish(sid)
+    f.sync()
     f.check()
+    f.kv.assert_index(mgr.index)
     assert mgr.stats().in_use_pages == 0
     if limit != 0:
         assert mgr.stats().hits > 0
+    return mgr
 
 
 @pytest.mark.parametrize(
@@ -260,3 +277,26 @@ def run_fuzz(seed: int, n_pages: int, page_size: int, limit: int | None, steps: 
 )
 def test_fuzz_against_oracle(seed: int, n_pages: int, page_size: int, limit: int | None) -> None:
     run_fuzz(seed, n_pages, page_size, limit, steps=3000)  # about 0.5 s each
+
+
+@pytest.mark.parametrize(
+    "seed,n_pages,page_size,limit,host",
+    [
+        (11, 36, 4, 10, 8),  # tight pool and device budget, small host tier: host evictions
+        (12, 30, 4, None, 40),  # the pool is the device budget (as on CUDA), roomy host tier
+        (13, 24, 2, None, None),  # unbounded host tier
+        (14, 40, 3, 6, 1),  # one host slot
+        (15, 30, 1, 8, 5),  # one token per page
+        (16, 24, 5, 0, 8),  # kill switch: no host tier either
+    ],
+)
+def test_fuzz_with_host_tier(seed: int, n_pages: int, page_size: int, limit: int | None, host: int | None) -> None:
+    mgr = run_fuzz(seed, n_pages, page_size, limit, steps=3000, host=host)
+    st = mgr.stats()
+    if limit == 0:
+        assert mgr.host is None and st.offloaded_pages == 0
+        return
+    assert st.offloaded_pages > 0 and st.loaded_pages > 0 and st.tokens_loaded > 0
+    assert host is None or st.host_pages <= host
+    if host is not None and host < 10:
+        assert st.host_evictions > 0

@@ -9,7 +9,10 @@ Raises AssertionError on the first violation. Checked:
     filed under its own tokens in its parent, depths are consecutive;
   * a sequence's published path is a chain from the root and path[i].page == pages[i];
   * closure: a node held by a sequence has a parent held by a sequence (so every retained
-    page can be evicted leaf by leaf, and the budget can always be met).
+    page can be evicted leaf by leaf, and the budget can always be met);
+  * host tier: each host node sits in its own slot (page -1), free + used slots == slots
+    handed out, within the budget; device nodes have device parents (or the root); no host
+    node is left pinned between calls.
 """
 
 from __future__ import annotations
@@ -100,3 +103,32 @@ def check_integrity(mgr: CacheParts) -> None:
     assert pool.n_retained_tokens == n_retained_tokens, "retained token counter drifted"
     limit = mgr.retain_limit_pages
     assert limit is None or n_retained <= limit, f"retained {n_retained} > budget {limit}"
+    _check_host_tier(index, nodes)
+
+
+def _check_host_tier(index: PrefixIndex, device_nodes: list[Node]) -> None:
+    host_nodes = list(index.iter_host_nodes())
+    for node in device_nodes:
+        assert node.host == -1, f"{node}: on the device and on the host"
+        parent = node.parent
+        assert parent is not None and (parent.parent is None or parent.page >= 0), \
+            f"{node}: device node under a host node"
+    tier = index.host
+    if tier is None:
+        assert not host_nodes, "host nodes without a host tier"
+        return
+    slots = [n.host for n in host_nodes]
+    assert len(set(slots)) == len(slots), "host slot held by two nodes"
+    free = tier.free_slots()
+    assert len(set(free)) == len(free) and not set(free) & set(slots), "host slot both free and used"
+    assert len(free) + len(slots) == tier.n_slots_touched, "host slots leaked"
+    assert tier.n_used == len(slots), f"host tier counts {tier.n_used} used, {len(slots)} nodes"
+    assert tier.capacity is None or len(slots) <= tier.capacity, "host tier over its budget"
+    for node in host_nodes:
+        assert node.alive and node.page == -1 and index.node_of_host(node.host) is node
+        assert 0 < len(node.tokens) <= index.page_size
+        parent = node.parent
+        assert parent is not None and parent.children.get(node.tokens) is node, "host node not under its key"
+        assert node.depth == parent.depth + 1
+    assert not index.pinned, f"host nodes left pinned: {sorted(index.pinned)}"
+    assert index.n_host_tokens == sum(len(n.tokens) for n in host_nodes), "host token counter drifted"

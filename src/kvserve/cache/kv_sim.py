@@ -4,7 +4,9 @@ the runner: each row stores the ``(token, position)`` whose key/value it holds.
 A forward writes ``(tokens[p], p)`` at position ``p``; a ``KVMove`` gathers its source rows,
 adds ``delta`` to their positions (the rope shift) and scatters them. A sequence is correct
 when rows ``[0, n)`` read ``(tokens[p], p)``, and an index node at depth ``d`` is correct when
-its rows ``[0, len(tokens))`` read ``(tokens[r], d * page_size + r)``.
+its rows ``[0, len(tokens))`` read ``(tokens[r], d * page_size + r)`` — in its device page, or
+in its host slot for a node on the host tier (``TierCopy`` records move whole pages between
+the two).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from kvserve.cache.manager import KVCacheManager
 from kvserve.cache.prefix_index import PrefixIndex
 from kvserve.cache.types import Admission
-from kvserve.plan import KVMove
+from kvserve.plan import KVMove, TierCopy
 
 Row = tuple[int, int] | None
 
@@ -24,7 +26,16 @@ class KVSim:
         """``writable(page)``: asserted before every write (e.g. ``pool.is_private``)."""
         self.page_size = page_size
         self.rows: list[list[Row]] = [[None] * page_size for _ in range(n_pages)]
+        self.host: dict[int, list[Row]] = {}  # host slot -> its rows
         self.writable = writable
+
+    def copy(self, c: TierCopy) -> None:
+        """A host-tier copy of a whole page."""
+        if c.to_host:
+            self.host[c.slot] = list(self.rows[c.page])
+        else:
+            assert c.slot in self.host, f"load from host slot {c.slot}, never written"
+            self.rows[c.page] = list(self.host[c.slot])
 
     def _loc(self, pages: Sequence[int], pos: int) -> tuple[int, int]:
         q, r = divmod(pos, self.page_size)
@@ -70,6 +81,11 @@ class KVSim:
                 want = (tok, node.depth * ps + r)
                 got = self.rows[node.page][r]
                 assert got == want, f"index page {node.page} row {r}: {got} != {want}"
+        for node in index.iter_host_nodes():
+            for r, tok in enumerate(node.tokens):
+                want = (tok, node.depth * ps + r)
+                got = self.host[node.host][r]
+                assert got == want, f"host slot {node.host} row {r}: {got} != {want}"
 
 
 class SimDriver:
@@ -81,10 +97,16 @@ class SimDriver:
         self.mgr = mgr
         self.kv = KVSim(mgr.pool.n_pages, mgr.page_size, writable=mgr.pool.is_private)
 
+    def sync(self) -> None:
+        """Run the host-tier copies issued so far (before anything touches KV rows)."""
+        for c in self.mgr.take_copies():
+            self.kv.copy(c)
+
     def begin(
         self, seq_id: int, ns: Hashable, tokens: Sequence[int], use_cache: bool = True, n_cache_reuse: int = 0
     ) -> Admission:
         adm = self.mgr.begin(seq_id, ns, tokens, use_cache, n_cache_reuse)
+        self.sync()
         for mv in adm.moves:
             self.kv.apply(mv)
         self.kv.assert_seq(adm.page_table, tokens, adm.n_cached)
@@ -93,6 +115,7 @@ class SimDriver:
     def compute(self, seq_id: int, tokens: Sequence[int], start: int, end: int, publish: bool = True) -> None:
         """One step: reserve, forward positions ``[start, end)``, then publish."""
         self.mgr.reserve(seq_id, end)
+        self.sync()
         pt = self.mgr.page_table(seq_id)
         self.kv.forward(pt, tokens, start, end)
         self.kv.assert_seq(pt, tokens, end)
@@ -104,6 +127,7 @@ class SimDriver:
         """Context shift of a sequence whose ``len(tokens)`` positions are all computed;
         returns the compacted token list."""
         moves = self.mgr.shift(seq_id, n_keep, n_discard, len(tokens))
+        self.sync()
         for mv in moves:
             self.kv.apply(mv)
         new = tokens[:n_keep] + tokens[n_keep + n_discard :]
@@ -135,6 +159,7 @@ class SimDriver:
                 self.compute(seq_id, toks, pos, len(toks) - 1)
                 pos = len(toks) - 1
         self.mgr.finish(seq_id, toks, pos, donate=use_cache)
+        self.sync()
         self.kv.assert_index(self.mgr.index)
         self.mgr.check_integrity()
         return adm

@@ -24,6 +24,12 @@ Written pages: a sequence writes only pages that are private to it (ref 1, not i
 Positions below its published prefix are never written again; a shared page that must be
 extended is copied first (``cow_copies``).
 
+Host tier (``host_tier``): evicted pages move to host slots within ``host_limit_pages``
+(None: unbounded) and stay findable; an admission that hits them loads them back. The copies
+both ways are ``TierCopy`` records that ``take_copies`` hands over, in issue order, for the
+next plan: the runner executes them before that plan's moves and forward, and nothing may
+read or write KV pages before the copies issued so far have run.
+
 Donation covers KV that equals a from-scratch computation of its tokens: a sequence whose
 KV was shifted (``--cache-reuse`` chunks, context shift) donates only the exact prefix
 before the first shifted position, unless ``donate_approximate`` is set.
@@ -35,12 +41,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from kvserve.cache.admission import plan_admission
+from kvserve.cache.host_tier import HostTier
 from kvserve.cache.invariants import check_integrity
 from kvserve.cache.page_pool import OutOfPages, PagePool
 from kvserve.cache.prefix_index import Node, PrefixIndex
 from kvserve.cache.shift import plan_shift
 from kvserve.cache.types import Admission, CacheStats
-from kvserve.plan import KVMove
+from kvserve.plan import KVMove, TierCopy
 
 _NO_LIMIT = 1 << 62
 
@@ -66,11 +73,16 @@ class KVCacheManager:
         page_size: int,
         retain_limit_pages: int | None = None,
         donate_approximate: bool = False,
+        host_tier: bool = False,
+        host_limit_pages: int | None = None,
     ) -> None:
         """``retain_limit_pages``: None = unbounded, 0 = kill switch (no lookup, publish or
-        donation: behaves exactly like a server without prefix caching)."""
+        donation: behaves exactly like a server without prefix caching). ``host_tier``: keep
+        evicted pages in up to ``host_limit_pages`` host slots (None: unbounded)."""
         self.pool = PagePool(n_pages, page_size)
-        self.index = PrefixIndex(self.pool)
+        on = host_tier and retain_limit_pages != 0
+        self.host = HostTier(host_limit_pages) if on else None
+        self.index = PrefixIndex(self.pool, self.host)
         self.page_size = page_size
         self.retain_limit_pages = retain_limit_pages
         self.donate_approximate = donate_approximate
@@ -106,15 +118,22 @@ class KVCacheManager:
         plan = plan_admission(self.index, namespace, tokens, n_cache_reuse)
         shared = plan.shared_nodes()
         sources = plan.source_nodes()
-        held = [n.page for n in shared + sources]
+        # shared + sources is one path from the root: its device nodes, then its host nodes
+        on_host = [n for n in shared + sources if n.host >= 0]
+        held = [n.page for n in shared + sources if n.host < 0]
         for p in held:
             self.pool.incref(p)
+        self.index.pin_host(on_host)
         try:
-            fresh = self._alloc(max(plan.n_private, n_res_pages - len(shared)))
+            fresh = self._alloc(len(on_host) + max(plan.n_private, n_res_pages - len(shared)))
         except OutOfPages:
+            self.index.unpin_host(on_host)
             for p in held:
                 self._release(p)
             raise
+        for node, page in zip(on_host, fresh):  # root to leaf; the allocation's ref becomes ours
+            self.index.promote(node, page)
+        fresh = fresh[len(on_host):]
         pages = [n.page for n in shared] + fresh
         moves = plan.moves(pages)
         if sources:
@@ -247,10 +266,23 @@ class KVCacheManager:
             pool.n_free,
             in_use,
             len(self.index),
+            self.index.n_host_nodes,
+            self.index.n_host_tokens,
+            -1 if self.host is None or self.host.capacity is None else self.host.capacity,
+            self.index.n_offloaded,
+            self.index.n_loaded,
+            self.index.n_tokens_loaded,
+            self.index.n_host_evicted,
+            0 if self.host is None else self.host.n_slots_touched,
         )
 
     def check_integrity(self) -> None:
         check_integrity(self)
+
+    def take_copies(self) -> tuple[TierCopy, ...]:
+        """The host-tier copies issued since the last call, in order (for the next plan)."""
+        copies, self.index.copies = self.index.copies, []
+        return tuple(copies)
 
     # -- internals -------------------------------------------------------------------------
     def _alloc(self, n: int) -> list[int]:

@@ -14,7 +14,21 @@ Rules kept here:
   * Only leaves whose page is held by nobody but the index ("retained") are evicted, least
     recently used first.
 
-The index owns one page reference per node (``PagePool.index_hold`` / ``index_release``).
+The index owns one page reference per device-resident node (``PagePool.index_hold`` /
+``index_release``).
+
+Host tier (optional, ``HostTier``): evicting a device page then moves it to a host slot
+(``TierCopy`` device → host, queued in ``copies``) and the node stays in the tree, so a
+lookup still finds it; only when no slot can be had is the node dropped. Rules added:
+  * the device-resident nodes form the top of each tree: a device node's parent is a device
+    node (or the root), so a host node's children are host nodes. Device eviction therefore
+    takes retained nodes without device children; host eviction takes host leaves, least
+    recently used first, and removes them from the index (``on_evict``);
+  * ``promote`` brings a host node back into a device page the caller allocated (``TierCopy``
+    host → device), root to leaf along a lookup's path; an admission ``pin_host``s the host
+    nodes it is about to load so that its own allocations cannot evict them;
+  * a full page inserted where a host node holds the same tokens takes that node's place on
+    the device (its host slot is freed; no copy: the caller's page holds the same KV).
 """
 
 from __future__ import annotations
@@ -23,9 +37,11 @@ import heapq
 import itertools
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
+from kvserve.cache.host_tier import HostTier
 from kvserve.cache.page_pool import PagePool
 from kvserve.cache.radix_node import Inserted, Match, Node, Tokens, lcp
 from kvserve.cache.types import StopReason
+from kvserve.plan import TierCopy
 
 __all__ = ["EvictHook", "Inserted", "Match", "Node", "PrefixIndex", "lcp"]
 
@@ -33,8 +49,18 @@ EvictHook = Callable[[Hashable, Tokens], None]
 
 
 class PrefixIndex:
-    def __init__(self, pool: PagePool) -> None:
+    def __init__(self, pool: PagePool, host: HostTier | None = None) -> None:
         self.pool = pool
+        self.host = host
+        self._node_of_host: dict[int, Node] = {}
+        self._host_heap: list[tuple[int, int, Node]] = []  # lazy LRU heap of host leaves
+        self._pinned: set[int] = set()  # uids of host nodes an admission is loading
+        self.copies: list[TierCopy] = []  # issued, not yet handed to the runner
+        self.n_offloaded = 0  # device pages moved to the host
+        self.n_loaded = 0  # host pages brought back
+        self.n_tokens_loaded = 0
+        self.n_host_evicted = 0  # host pages dropped from the index
+        self._host_tokens = 0  # tokens the host nodes cover
         self.page_size = pool.page_size
         self._roots: dict[Hashable, Node] = {}
         self._node_of_page: dict[int, Node] = {}
@@ -46,13 +72,33 @@ class PrefixIndex:
 
     # -- queries ---------------------------------------------------------------------------
     def __len__(self) -> int:
+        """Device-resident nodes."""
         return len(self._node_of_page)
+
+    @property
+    def n_host_nodes(self) -> int:
+        return len(self._node_of_host)
+
+    @property
+    def n_host_tokens(self) -> int:
+        return self._host_tokens
 
     def node_of_page(self, page: int) -> Node | None:
         return self._node_of_page.get(page)
 
+    def node_of_host(self, slot: int) -> Node | None:
+        return self._node_of_host.get(slot)
+
     def iter_nodes(self) -> Iterator[Node]:
+        """Device-resident nodes."""
         return iter(list(self._node_of_page.values()))
+
+    def iter_host_nodes(self) -> Iterator[Node]:
+        return iter(list(self._node_of_host.values()))
+
+    @property
+    def pinned(self) -> frozenset[int]:
+        return frozenset(self._pinned)
 
     def root(self, ns: Hashable, create: bool = True) -> Node | None:
         r = self._roots.get(ns)
@@ -134,7 +180,30 @@ class PrefixIndex:
         self._clock += 1
         for n in nodes:
             n.last_used = self._clock
-            self._push_if_evictable(n)
+            self._push(n)
+
+    def pin_host(self, nodes: Sequence[Node]) -> None:
+        """Keep these host nodes from host eviction until ``promote``d or ``unpin_host``ed."""
+        self._pinned.update(n.uid for n in nodes)
+
+    def unpin_host(self, nodes: Sequence[Node]) -> None:
+        for n in nodes:
+            self._pinned.discard(n.uid)
+            self._push(n)
+
+    def promote(self, node: Node, page: int) -> None:
+        """Bring host node ``node`` back into device ``page`` (allocated, held by the caller):
+        queues the host → device copy; the index takes its own reference on ``page``. Its
+        parent must be on the device already (promote root to leaf)."""
+        if node.host < 0 or not node.alive:
+            raise ValueError(f"{node} is not on the host")
+        parent = node.parent
+        if parent is not None and parent.parent is not None and parent.page < 0:
+            raise ValueError("promote the parent first")
+        self.copies.append(TierCopy(False, page, node.host))
+        self._claim(node, page)
+        self.n_loaded += 1
+        self.n_tokens_loaded += len(node.tokens)
 
     def insert(self, ns: Hashable, parent: Node | None, tokens: Tokens, page: int) -> Inserted:
         """Add ``page`` (held by the caller) as the child of ``parent`` (None = root) covering
@@ -151,6 +220,10 @@ class PrefixIndex:
         elif not parent.alive or len(parent.tokens) != ps:
             raise ValueError("parent must be a live full node")
         existing = parent.children.get(tokens)
+        if existing is not None and existing.host >= 0:  # the same KV, back on the device
+            self._claim(existing, page)
+            self.touch([existing])
+            return Inserted(existing, True)
         if existing is None and len(tokens) < ps:
             for c in parent.by_first.get(tokens[0], ()):
                 if c.tokens[: len(tokens)] == tokens:
@@ -178,25 +251,20 @@ class PrefixIndex:
             self._push_if_evictable(node)
 
     def evict(self, n_pages: int) -> int:
-        """Free up to ``n_pages`` retained leaves, least recently used first."""
+        """Free up to ``n_pages`` device pages of retained nodes without device children,
+        least recently used first: moved to the host tier when it has (or can make) room,
+        else dropped with whatever of their subtree is on the host."""
         freed = 0
         while freed < n_pages and self._heap:
             stamp, _, node = heapq.heappop(self._heap)
             if stamp != node.last_used or not self._evictable(node):
                 continue  # stale entry
-            key = node.key() if self.on_evict is not None else ()
             parent = node.parent
-            self._remove(node)
+            if not self._offload(node):
+                self._remove_subtree(node)
             freed += 1
             self.n_evicted += 1
-            if self.on_evict is not None:
-                self.on_evict(node.ns, key)
-            if parent is None:
-                continue
-            if parent.parent is not None:
-                self._push_if_evictable(parent)
-            elif not parent.children and self._roots.get(parent.ns) is parent:
-                del self._roots[parent.ns]  # an emptied namespace costs nothing
+            self._after_removal(parent)
         return freed
 
     def erase_namespace(self, ns: Hashable) -> int:
@@ -219,7 +287,17 @@ class PrefixIndex:
 
     # -- internals -------------------------------------------------------------------------
     def _evictable(self, node: Node) -> bool:
-        return node.alive and not node.children and self.pool.is_retained(node.page)
+        return (node.alive and node.page >= 0 and self.pool.is_retained(node.page)
+                and not any(c.page >= 0 for c in node.children.values()))
+
+    def _host_evictable(self, node: Node) -> bool:
+        return node.alive and node.host >= 0 and not node.children and node.uid not in self._pinned
+
+    def _push(self, node: Node) -> None:
+        if node.host >= 0:
+            self._push_host_if_evictable(node)
+        else:
+            self._push_if_evictable(node)
 
     def _push_if_evictable(self, node: Node) -> None:
         if self._evictable(node):
@@ -229,6 +307,83 @@ class PrefixIndex:
                     (n.last_used, n.uid, n) for n in self._node_of_page.values() if self._evictable(n)
                 ]
                 heapq.heapify(self._heap)
+
+    def _push_host_if_evictable(self, node: Node) -> None:
+        if self._host_evictable(node):
+            heapq.heappush(self._host_heap, (node.last_used, node.uid, node))
+            if len(self._host_heap) > 2 * len(self._node_of_host) + 64:
+                self._host_heap = [
+                    (n.last_used, n.uid, n) for n in self._node_of_host.values() if self._host_evictable(n)
+                ]
+                heapq.heapify(self._host_heap)
+
+    def _offload(self, node: Node) -> bool:
+        """Move device node ``node``'s page to a host slot (evicting host leaves for room)."""
+        if self.host is None:
+            return False
+        slot = self.host.alloc()
+        while slot is None and self._evict_host_leaf():
+            slot = self.host.alloc()
+        if slot is None:
+            return False
+        page = node.page
+        self.copies.append(TierCopy(True, page, slot))
+        del self._node_of_page[page]
+        self.pool.index_release(page)
+        node.page, node.host = -1, slot
+        self._node_of_host[slot] = node
+        self._host_tokens += len(node.tokens)
+        self.n_offloaded += 1
+        self._push_host_if_evictable(node)
+        return True
+
+    def _evict_host_leaf(self) -> bool:
+        while self._host_heap:
+            stamp, _, node = heapq.heappop(self._host_heap)
+            if stamp != node.last_used or not self._host_evictable(node):
+                continue
+            parent = node.parent
+            self._remove_subtree(node)
+            self._after_removal(parent)
+            return True
+        return False
+
+    def _claim(self, node: Node, page: int) -> None:
+        """Host node ``node`` now lives in device ``page`` (the caller holds a reference)."""
+        slot = node.host
+        del self._node_of_host[slot]
+        self._host_tokens -= len(node.tokens)
+        assert self.host is not None
+        self.host.free(slot)
+        self._pinned.discard(node.uid)
+        node.host, node.page = -1, page
+        self._node_of_page[page] = node
+        self.pool.index_hold(page, len(node.tokens))
+
+    def _remove_subtree(self, node: Node) -> None:
+        """Remove ``node`` and its descendants (all on the host), leaves first."""
+        order: list[Node] = []
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        for n in reversed(order):  # children before their parent
+            key = n.key() if self.on_evict is not None else ()
+            self._remove(n)
+            if n.page < 0:
+                self.n_host_evicted += 1
+            if self.on_evict is not None:
+                self.on_evict(n.ns, key)
+
+    def _after_removal(self, parent: Node | None) -> None:
+        """``parent`` lost a device child or a child: it may be evictable now."""
+        if parent is None:
+            return
+        if parent.parent is not None:
+            self._push(parent)
+        elif not parent.children and self._roots.get(parent.ns) is parent:
+            del self._roots[parent.ns]  # an emptied namespace costs nothing
 
     def _remove(self, node: Node) -> None:
         """Unlink a leaf from its parent and release its page."""
@@ -244,6 +399,13 @@ class PrefixIndex:
 
     def _drop(self, node: Node) -> None:
         node.alive = False
+        self._pinned.discard(node.uid)
+        if node.host >= 0:
+            del self._node_of_host[node.host]
+            self._host_tokens -= len(node.tokens)
+            assert self.host is not None
+            self.host.free(node.host)
+            return
         del self._node_of_page[node.page]
         self.pool.index_release(node.page)
 

@@ -1,6 +1,7 @@
 """Radix tree nodes and lookup results (see ``prefix_index`` for the rules they obey).
 
-A node is one KV page. A node at depth ``d`` (children of the root have depth 0) covers the
+A node is one KV page, resident either in the device pool (``page >= 0``, ``host == -1``) or,
+with a host tier, in a host slot (``page == -1``, ``host >= 0``). A node at depth ``d`` (children of the root have depth 0) covers the
 positions ``[d * page_size, d * page_size + len(node.tokens))`` of every sequence whose tokens
 follow the path root → node. A namespace root has no page (``page == -1``, no tokens).
 """
@@ -22,6 +23,7 @@ class Node:
         "by_first",
         "children",
         "depth",
+        "host",
         "last_used",
         "ns",
         "page",
@@ -32,7 +34,8 @@ class Node:
 
     def __init__(self, tokens: Tokens, page: int, parent: Node | None, ns: Hashable, uid: int) -> None:
         self.tokens = tokens
-        self.page = page  # -1 for a namespace root
+        self.page = page  # device page; -1 for a namespace root and for a page on the host
+        self.host = -1  # host-tier slot while the page lives there
         self.parent = parent
         self.depth: int = -1 if parent is None else parent.depth + 1
         self.ns = ns
@@ -52,7 +55,7 @@ class Node:
         return tuple(t for part in reversed(parts) for t in part)
 
     def __repr__(self) -> str:
-        return f"Node(page={self.page}, depth={self.depth}, n={len(self.tokens)})"
+        return f"Node(page={self.page}, host={self.host}, depth={self.depth}, n={len(self.tokens)})"
 
 
 def lcp(a: Sequence[int], b: Sequence[int]) -> int:

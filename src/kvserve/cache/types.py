@@ -58,3 +58,12 @@ class CacheStats:
     free_pages: int  # gauge
     in_use_pages: int  # gauge: pages held by at least one sequence
     index_nodes: int  # gauge: pages findable by lookups (retained + shared with sequences)
+    # host tier (all 0 without one)
+    host_pages: int = 0  # gauge: pages resident in host slots (findable by lookups)
+    host_tokens: int = 0  # gauge: tokens those pages cover
+    host_limit_pages: int = 0  # host slots the budget allows (-1: unbounded)
+    offloaded_pages: int = 0  # device pages moved to the host on eviction
+    loaded_pages: int = 0  # host pages brought back on a prefix hit
+    tokens_loaded: int = 0  # tokens those pages cover
+    host_evictions: int = 0  # host pages dropped (LRU) to stay within the budget
+    host_slots_touched: int = 0  # gauge: slots ever used (host memory the runner allocated)

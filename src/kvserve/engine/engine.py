@@ -60,6 +60,10 @@ class EngineOptions:
     n_predict: int = -1
     page_size: int = 16
     cache_ram_mib: int = 8192  # -1 unlimited, 0 none
+    # Host tier: evicted KV pages kept in host memory within the --cache-ram budget, which then
+    # bounds that memory instead of the device pool's retained pages. None: on with CUDA
+    # (KVSERVE_HOST_TIER=0 turns it off), off on the CPU (the pool is host memory already).
+    host_tier: bool | None = None
     cache_idle_slots: bool = True  # False: KV is reused only by the slot that computed it
     kv_dtype: torch.dtype | None = None
     special: bool = False
@@ -89,11 +93,18 @@ class Engine:
             n_pages += -(-self.n_ctx_slot // ps)
         self.runner = ModelRunner(loaded, n_pages, ps, opts.kv_dtype, opts.n_ubatch, max_batch=opts.n_slots)
         page_bytes = self.runner.kv.bytes_per_page
-        if opts.cache_ram_mib < 0:
+        host_on = opts.host_tier
+        if host_on is None:
+            host_on = loaded.device.type == "cuda" and os.environ.get("KVSERVE_HOST_TIER", "1") != "0"
+        budget_pages = None if opts.cache_ram_mib < 0 else (opts.cache_ram_mib << 20) // page_bytes
+        host_on = host_on and opts.cache_ram_mib != 0
+        if host_on:  # the pool keeps what it has room for; the budget bounds the host tier
             retain: int | None = None
         else:
-            retain = min(n_pages, (opts.cache_ram_mib << 20) // page_bytes)
-        self.cache = KVCacheManager(n_pages, ps, retain)
+            retain = None if budget_pages is None else min(n_pages, budget_pages)
+        self.cache = KVCacheManager(n_pages, ps, retain, host_tier=host_on, host_limit_pages=budget_pages)
+        if self.cache.host is not None:
+            self.runner.attach_host_tier(budget_pages)
         self.page_bytes = page_bytes
         kv_dtype = str(self.runner.kv.dtype).replace("torch.", "")
         model_key = f"{loaded.digest}:{kv_dtype}:{cfg.rope_base}:{cfg.rope_scale}:{n_ctx}"
@@ -201,15 +212,17 @@ class Engine:
 
     def memory_info(self) -> dict[str, Any]:
         """Resident bytes by owner, for the load log and /props."""
-        limit = self.cache.retain_limit_pages
         summary = self.loaded.summary
+        host = self.runner.host_kv
         return {
             "weights": self.loaded.weights,
             "weight_bytes": self.loaded.weight_bytes,
             "weight_paths": summary.as_dict() if summary is not None else {},
             "kv_pool_pages": self.cache.pool.n_pages,
             "kv_pool_bytes": self.cache.pool.n_pages * self.page_bytes,
-            "cache_ram_budget_bytes": -1 if limit is None else limit * self.page_bytes,
+            "cache_ram_budget_bytes": self._snap.cache["cache_ram_budget_bytes"],
+            "host_tier": host is not None,
+            "host_tier_allocated_bytes": 0 if host is None else host.allocated_bytes,
         }
 
     def slot_action(self, id_slot: int, action: str, filename: str, tenant: str = "") -> dict[str, Any]:
@@ -253,6 +266,7 @@ class Engine:
         self.cache.begin(seq_id, ("embedding",), tokens, use_cache=False)
         try:
             table = tuple(self.cache.reserve(seq_id, len(tokens)))
+            self.flush_copies()
             return self.runner.hidden_states(tokens, table)
         finally:
             self.cache.finish(seq_id, tokens, len(tokens), donate=False)
@@ -269,6 +283,11 @@ class Engine:
             assert self.loaded.rank_head is not None
             return [self.loaded.rank_head.pooled(h[-1]).tolist()]
         return [h.mean(0).tolist()]
+
+    def flush_copies(self) -> None:
+        """Run the host-tier copies the cache has issued; anything that touches KV pages outside
+        a plan calls this first (plans carry their own)."""
+        self.runner.apply_copies(self.cache.take_copies())
 
     # -- thread ----------------------------------------------------------------------------
     def warmup(self) -> None:

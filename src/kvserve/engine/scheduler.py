@@ -152,7 +152,7 @@ class Scheduler:
             seq.pending_moves = ()
         if not chunks:
             return None
-        return Plan(tuple(chunks), tuple(moves))
+        return Plan(tuple(chunks), tuple(moves), self.cache.take_copies())
 
     def _guarded(self, seq: Sequence, fn: Callable[..., T], *args: Any) -> T | None:
         """``fn(*args)`` for ``seq`` (``fn(seq)`` without args); an exception fails ``seq``

@@ -37,6 +37,10 @@ def save(engine: Any, slot_id: int, path: str, tenant: str) -> dict[str, Any]:
     m = engine.cache.index.lookup(ns, tokens, touch=False) if tokens else None
     n = m.n_hit if m is not None else 0
     pages = [node.page for node in m.nodes] if m is not None else []
+    if -1 in pages:  # pages on the host tier: the device-resident prefix is saved
+        pages = pages[: pages.index(-1)]
+        n = min(n, len(pages) * engine.cache.page_size)
+    engine.flush_copies()
     kv = engine.runner.kv
     rows = kv.rows(pages, 0, n) if n else torch.zeros(0, dtype=torch.int64)
     blob = {
@@ -84,6 +88,7 @@ def restore(engine: Any, slot_id: int, path: str, tenant: str) -> dict[str, Any]
     try:
         if n:
             table = cache.reserve(seq_id, n)
+            engine.flush_copies()
             rows = kv.rows(table, 0, n)
             kv.k[:, rows] = blob["k"].to(kv.device, kv.dtype)
             kv.v[:, rows] = blob["v"].to(kv.device, kv.dtype)

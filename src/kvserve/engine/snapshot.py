@@ -87,7 +87,10 @@ def build_snapshot(scheduler: Any, cache: Any, page_bytes: int) -> EngineSnapsho
     st = scheduler.stats
     c = cache.stats()
     limit = cache.retain_limit_pages
-    budget = -1 if limit is None else limit * page_bytes
+    device_budget = -1 if limit is None else limit * page_bytes
+    host = cache.host is not None
+    host_budget = -1 if c.host_limit_pages < 0 else c.host_limit_pages * page_bytes
+    budget = host_budget if host else device_budget  # what --cache-ram bounds
     m: dict[str, float] = st.counters()
     m.update({
         "requests_processing": sum(1 for s in scheduler.slots if s.busy),
@@ -97,11 +100,20 @@ def build_snapshot(scheduler: Any, cache: Any, page_bytes: int) -> EngineSnapsho
         "kvserve:cache_hits_total": c.hits,
         'kvserve:cache_tokens_reused_total{source="prefix"}': c.tokens_reused_prefix,
         'kvserve:cache_tokens_reused_total{source="shift"}': c.tokens_reused_shift,
-        'kvserve:cache_tokens_reused_total{source="host"}': 0,
+        'kvserve:cache_tokens_reused_total{source="host"}': c.tokens_loaded,
         "kvserve:cache_evictions_total": c.evictions,
         "kvserve:cache_retained_bytes": c.retained_pages * page_bytes,
         "kvserve:cache_retained_tokens": c.retained_tokens,
         "kvserve:cache_budget_bytes": budget,
+        'kvserve:cache_tier_bytes{tier="device"}': c.retained_pages * page_bytes,
+        'kvserve:cache_tier_bytes{tier="host"}': c.host_pages * page_bytes,
+        'kvserve:cache_tier_tokens{tier="device"}': c.retained_tokens,
+        'kvserve:cache_tier_tokens{tier="host"}': c.host_tokens,
+        'kvserve:cache_tier_budget_bytes{tier="device"}': device_budget,
+        'kvserve:cache_tier_budget_bytes{tier="host"}': host_budget if host else 0,
+        "kvserve:cache_host_offloads_total": c.offloaded_pages,
+        "kvserve:cache_host_loads_total": c.loaded_pages,
+        "kvserve:cache_host_evictions_total": c.host_evictions,
         "kvserve:kv_pages_free": c.free_pages,
         "kvserve:kv_pages_in_use": c.in_use_pages,
         "kvserve:kv_page_tokens": cache.page_size,
@@ -118,6 +130,16 @@ def build_snapshot(scheduler: Any, cache: Any, page_bytes: int) -> EngineSnapsho
         "retained_tokens": c.retained_tokens,
         "in_use_pages": c.in_use_pages,
         "free_pages": c.free_pages,
+        "tiers": {
+            "device": {"budget_bytes": device_budget, "retained_bytes": c.retained_pages * page_bytes,
+                       "retained_tokens": c.retained_tokens, "pages": cache.pool.n_pages},
+            "host": None if not host else {
+                "budget_bytes": host_budget, "bytes": c.host_pages * page_bytes, "tokens": c.host_tokens,
+                "pages": c.host_pages, "allocated_pages": c.host_slots_touched,
+                "offloaded_pages": c.offloaded_pages, "loaded_pages": c.loaded_pages,
+                "loaded_tokens": c.tokens_loaded, "evicted_pages": c.host_evictions,
+            },
+        },
     }
     return EngineSnapshot(
         slots=slot_views(scheduler.slots, scheduler.running),

@@ -1,6 +1,7 @@
 """The runner: takes a Plan, runs the model over the paged KV pool, returns logits.
 
-It decides nothing: which tokens, which pages and which moves all come from the plan.
+It decides nothing: which tokens, which pages and which moves all come from the plan, and so
+do the host-tier copies (``plan.copies``, run first, by ``host_kv.HostKVStore``).
 A plan larger than ``n_ubatch`` tokens is split into micro-batches; a chunk split in two runs
 its second half after the first half's KV has been written, so results do not depend on it.
 
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.profiler import record_function
 
-from ..plan import Plan, RunOutput, SeqChunk
+from ..plan import Plan, RunOutput, SeqChunk, TierCopy
 from .backends import StepSeq, backend_name, make_backend
 from .graph_runner import GraphRunner
+from .host_kv import HostKVStore
 from .kv_store import PagedKVStore
 from .loader import LoadedModel
 from .rope import RopeTables
@@ -62,11 +64,27 @@ class ModelRunner:
         keys = {cfg.layer_rope(i) for i in range(cfg.n_layer)}
         self.rope = RopeTables(keys, cfg.rope_dim, self.device, n_pos)
         self.backend = make_backend(cfg, self.kv, self.rope, name)
+        self.host_kv: HostKVStore | None = None
         self.graphs: GraphRunner | None = None
         graphs_on = os.environ.get("KVSERVE_CUDA_GRAPHS", "1") != "0"
         if self.backend.supports_graphs and self.device.type == "cuda" and graphs_on:
             self.graphs = GraphRunner(self.model, self.backend, max(1, min(max_batch, self.n_ubatch)))
         log.info("attention backend: %s%s", self.backend.name, ", CUDA graphs for decode" if self.graphs else "")
+
+    def attach_host_tier(self, capacity: int | None) -> HostKVStore:
+        """Host memory for up to ``capacity`` evicted pages (None: unbounded)."""
+        self.host_kv = HostKVStore(self.kv, capacity)
+        return self.host_kv
+
+    @torch.inference_mode()
+    def apply_copies(self, copies: tuple[TierCopy, ...]) -> None:
+        """Run host-tier copies in order (plans carry theirs; other KV users call this first)."""
+        if not copies:
+            return
+        if self.host_kv is None:
+            raise RuntimeError("host-tier copies without a host tier")
+        with record_function("kvserve.tier_copies"):
+            self.host_kv.run(copies)
 
     def _micro_batches(self, chunks: tuple[SeqChunk, ...]) -> list[list[_Piece]]:
         batches: list[list[_Piece]] = [[]]
@@ -86,6 +104,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, plan: Plan) -> RunOutput:
         t0 = time.perf_counter()
+        if plan.copies:
+            self.apply_copies(plan.copies)
         if plan.moves:
             with record_function("kvserve.moves"):
                 self.kv.apply_moves(plan.moves)
