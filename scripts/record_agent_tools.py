@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compat"))
-from agent_tools_cases import CASES, make_tree, normalize  # noqa: E402
+from agent_tools_cases import CASES, STREAM_CASES, make_tree, normalize, summarize_stream  # noqa: E402
 
 
 def _port() -> int:
@@ -26,13 +26,14 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, object]:
+def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, str, str]:
+    """(status, content type, body text)"""
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
+            return r.status, r.headers.get("Content-Type", ""), r.read().decode()
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        return e.code, e.headers.get("Content-Type", ""), e.read().decode()
 
 
 def main() -> None:
@@ -52,9 +53,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             make_tree(Path(tmp))
             rows = []
+            url = f"http://127.0.0.1:{port}/tools"
             for name, headers, body in CASES:
-                status, answer = _post(f"http://127.0.0.1:{port}/tools", body, {"x-tool-cwd": tmp, **headers})
-                rows.append([name, status, normalize(answer, tmp)])
+                status, _, text = _post(url, body, {"x-tool-cwd": tmp, **headers})
+                rows.append([name, status, normalize(json.loads(text), tmp)])
+            for name, headers, body in STREAM_CASES:
+                rows.append([name, *summarize_stream(*_post(url, body, {"x-tool-cwd": tmp, **headers}), tmp)])
         out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         print(f"{len(rows)} calls recorded into {out}")
     finally:

@@ -105,9 +105,40 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("exec_pwd_relative", {}, _call("exec_shell_command", command="cat notes.txt | wc -l")),
     ("exec_max_output", {}, _call("exec_shell_command", command="printf 0123456789abcdef", max_output_size=4)),
     ("exec_timeout", {}, _call("exec_shell_command", command="echo a; sleep 5; echo b", timeout=1)),
+    ("exec_negative_max_output", {}, _call("exec_shell_command", command="echo hi", max_output_size=-1)),
+    ("exec_zero_timeout", {}, _call("exec_shell_command", command="sleep 3", timeout=0)),
+    ("read_start0", {}, _call("read_file", path="notes.txt", start_line=0, end_line=1)),
+    ("read_end_before_start", {}, _call("read_file", path="notes.txt", start_line=3, end_line=2)),
+    ("glob_negative_depth", {}, _call("file_glob_search", path="src", max_depth=-3, include="*.txt")),
+    ("grep_negative_context", {}, _call("grep_search", path="notes.txt", pattern="Beta", context_lines=-2)),
     ("info", {}, _call("get_info")),
     ("missing_param", {}, _call("grep_search", path=".")),
+    ("params_null", {}, {"tool": "get_info", "params": None}),
+    ("no_params", {}, {"tool": "read_file"}),
+    ("edit_item_not_object", {}, _call("edit_file", path="notes.txt", edits=["x"])),
+    ("edit_item_missing_new", {}, _call("edit_file", path="notes.txt", edits=[{"old_text": "x"}])),
+    ("write_content_number", {}, _call("write_file", path="w.txt", content=5)),
+    ("unknown_tool", {}, _call("no_such_tool")),
 ]
+
+# Streamed calls: compared as (status, the chunks joined, the final event); chunk boundaries are timing.
+STREAM_CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
+    ("stream_exec", {}, {**_call("exec_shell_command", command="echo a; echo b >&2; exit 2"), "stream": True}),
+    ("stream_timeout", {}, {**_call("exec_shell_command", command="echo a; sleep 5", timeout=1), "stream": True}),
+    ("stream_missing_param", {}, {**_call("exec_shell_command"), "stream": True}),
+    ("stream_bad_runtime", {"x-tool-runtime": "ssh:-oX"}, {**_call("exec_shell_command", command="true"),
+                                                           "stream": True}),
+    ("stream_not_streamable", {}, {**_call("read_file", path="notes.txt"), "stream": True}),
+    ("stream_false", {}, {**_call("exec_shell_command", command="echo x"), "stream": False}),
+]
+
+
+def summarize_stream(status: int, content_type: str, text: str, root: str) -> list[Any]:
+    if not content_type.startswith("text/event-stream"):
+        return [status, normalize(json.loads(text), root)]
+    events = [json.loads(block[len("data: "):]) for block in text.split("\n\n") if block.startswith("data: ")]
+    chunks = "".join(e.get("chunk", "") for e in events[:-1])
+    return [status, normalize(chunks, root), normalize(events[-1], root)]
 
 
 def normalize(body: Any, root: str) -> Any:

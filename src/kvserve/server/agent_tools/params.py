@@ -16,30 +16,28 @@ from kvserve.server.jsonio import json_type
 _KIND = {str: "string", int: "number", bool: "boolean", list: "array", dict: "object"}
 
 
-def _check(value: Any, kind: type, key: str) -> Any:
+def _check(value: Any, kind: type, suffix: str) -> Any:
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ToolParamError(f"[json.exception.type_error.302] type must be number, but is "
-                                 f"{json_type(value)} (parameter '{key}')")
+                                 f"{json_type(value)}{suffix}")
         return int(value)
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
         raise ToolParamError(f"[json.exception.type_error.302] type must be {_KIND[kind]}, but is "
-                             f"{json_type(value)} (parameter '{key}')")
+                             f"{json_type(value)}{suffix}")
     return value
 
 
 def required(params: dict[str, Any], key: str, kind: type) -> Any:
+    """llama-server's exact text (nlohmann names no key in a type error)."""
     if key not in params:
         raise ToolParamError(f"[json.exception.out_of_range.403] key '{key}' not found")
-    value = params[key]
-    if value is None:
-        raise ToolParamError(f"[json.exception.type_error.302] type must be {_KIND[kind]}, but is null "
-                             f"(parameter '{key}')")
-    return _check(value, kind, key)
+    return _check(params[key], kind, "")
 
 
 def optional(params: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """A wrong type is refused here (llama-server warns and uses the default), naming the key."""
     value = params.get(key)
     if value is None:
         return default
-    return _check(value, kind, key)
+    return _check(value, kind, f" (parameter '{key}')")

@@ -32,7 +32,9 @@ class ExecShellCommand(BuiltinTool):
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         command = required(params, "command", str)
         timeout = min(optional(params, "timeout", int, 10), EXEC_MAX_TIMEOUT_S)
-        max_output = max(0, min(optional(params, "max_output_size", int, EXEC_MAX_OUTPUT), EXEC_MAX_OUTPUT))
+        max_output = optional(params, "max_output_size", int, EXEC_MAX_OUTPUT)
+        # llama-server casts to size_t: a negative size wraps to a huge one, then the cap applies
+        max_output = EXEC_MAX_OUTPUT if max_output < 0 else min(max_output, EXEC_MAX_OUTPUT)
         io = self.io(params)
         args = ["sh", "-c", command]
         if emit is not None:
