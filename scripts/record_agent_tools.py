@@ -28,7 +28,9 @@ def _port() -> int:
 
 def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, str, str]:
     """(status, content type, body text)"""
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, r.headers.get("Content-Type", ""), r.read().decode()
@@ -38,11 +40,17 @@ def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, str, str]
 
 def main() -> None:
     server, model = sys.argv[1], sys.argv[2]
-    out = Path(sys.argv[3]) if len(sys.argv) > 3 else Path(__file__).resolve().parent.parent / "tests" / "golden" \
-        / "agent_tools" / "calls.json"
+    out = (
+        Path(sys.argv[3])
+        if len(sys.argv) > 3
+        else Path(__file__).resolve().parent.parent / "tests" / "golden" / "agent_tools" / "calls.json"
+    )
     port = _port()
-    proc = subprocess.Popen([server, "-m", model, "--tools", "all", "--port", str(port), "-c", "512"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [server, "-m", model, "--tools", "all", "--port", str(port), "-c", "512"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(120):
             try:

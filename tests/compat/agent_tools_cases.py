@@ -62,19 +62,48 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("read_abs_dotdot", {}, _call("read_file", path="src/../notes.txt")),
     ("write_nested", {}, _call("write_file", path="new/dir/file.txt", content="a\nb\nc\n")),
     ("read_written", {}, _call("read_file", path="new/dir/file.txt")),
-    ("edit_multi", {}, _call("edit_file", path="new/dir/file.txt", edits=[
-        {"old_text": "c\n", "new_text": "C\nD\n"}, {"old_text": "a", "new_text": "A"}])),
+    (
+        "edit_multi",
+        {},
+        _call(
+            "edit_file",
+            path="new/dir/file.txt",
+            edits=[{"old_text": "c\n", "new_text": "C\nD\n"}, {"old_text": "a", "new_text": "A"}],
+        ),
+    ),
     ("read_edited", {}, _call("read_file", path="new/dir/file.txt")),
     ("edit_not_unique", {}, _call("edit_file", path="dup.txt", edits=[{"old_text": "dup", "new_text": "d"}])),
-    ("edit_overlap", {}, _call("edit_file", path="notes.txt", edits=[
-        {"old_text": "alpha\nBeta", "new_text": "1"}, {"old_text": "Beta", "new_text": "2"}])),
-    ("edit_not_found", {}, _call("edit_file", path="notes.txt", edits=[{"old_text": "zzz", "new_text": "1"}])),
+    (
+        "edit_overlap",
+        {},
+        _call(
+            "edit_file",
+            path="notes.txt",
+            edits=[{"old_text": "alpha\nBeta", "new_text": "1"}, {"old_text": "Beta", "new_text": "2"}],
+        ),
+    ),
+    (
+        "edit_not_found",
+        {},
+        _call("edit_file", path="notes.txt", edits=[{"old_text": "zzz", "new_text": "1"}]),
+    ),
     ("edit_same", {}, _call("edit_file", path="notes.txt", edits=[{"old_text": "Beta", "new_text": "Beta"}])),
     ("edit_empty_old", {}, _call("edit_file", path="notes.txt", edits=[{"old_text": "", "new_text": "x"}])),
     ("edit_no_edits", {}, _call("edit_file", path="notes.txt", edits=[])),
-    ("edit_missing_file", {}, _call("edit_file", path="nope.txt", edits=[{"old_text": "a", "new_text": "b"}])),
-    ("edit_fuzzy", {}, _call("edit_file", path="quotes.txt", edits=[
-        {"old_text": "say \"hello\"\nsecond", "new_text": "say 'bye'\nSECOND"}])),
+    (
+        "edit_missing_file",
+        {},
+        _call("edit_file", path="nope.txt", edits=[{"old_text": "a", "new_text": "b"}]),
+    ),
+    (
+        "edit_fuzzy",
+        {},
+        _call(
+            "edit_file",
+            path="quotes.txt",
+            edits=[{"old_text": 'say "hello"\nsecond', "new_text": "say 'bye'\nSECOND"}],
+        ),
+    ),
     ("read_fuzzy", {}, _call("read_file", path="quotes.txt")),
     ("glob_default", {}, _call("file_glob_search", path=".")),
     ("glob_txt", {}, _call("file_glob_search", path=".", include="*.txt")),
@@ -91,8 +120,11 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("glob_git", {}, _call("file_glob_search", path="repo")),
     ("glob_class", {}, _call("file_glob_search", path=".", include="[m-n]*.txt")),
     ("grep", {}, _call("grep_search", path=".", pattern="alpha")),
-    ("grep_icase_lines", {}, _call("grep_search", path=".", pattern="beta", ignore_case=True,
-                                   return_line_numbers=True)),
+    (
+        "grep_icase_lines",
+        {},
+        _call("grep_search", path=".", pattern="beta", ignore_case=True, return_line_numbers=True),
+    ),
     ("grep_literal", {}, _call("grep_search", path="src", pattern="a + b", literal=True)),
     ("grep_regex", {}, _call("grep_search", path="src", pattern="^int \\w+\\(")),
     ("grep_context", {}, _call("grep_search", path="notes.txt", pattern="Beta", context_lines=1)),
@@ -103,7 +135,11 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
     ("grep_git", {}, _call("grep_search", path="repo", pattern="alpha")),
     ("exec", {}, _call("exec_shell_command", command="echo out; echo err >&2; exit 7")),
     ("exec_pwd_relative", {}, _call("exec_shell_command", command="cat notes.txt | wc -l")),
-    ("exec_max_output", {}, _call("exec_shell_command", command="printf 0123456789abcdef", max_output_size=4)),
+    (
+        "exec_max_output",
+        {},
+        _call("exec_shell_command", command="printf 0123456789abcdef", max_output_size=4),
+    ),
     ("exec_timeout", {}, _call("exec_shell_command", command="echo a; sleep 5; echo b", timeout=1)),
     ("exec_negative_max_output", {}, _call("exec_shell_command", command="echo hi", max_output_size=-1)),
     ("exec_zero_timeout", {}, _call("exec_shell_command", command="sleep 3", timeout=0)),
@@ -123,11 +159,22 @@ CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
 
 # Streamed calls: compared as (status, the chunks joined, the final event); chunk boundaries are timing.
 STREAM_CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
-    ("stream_exec", {}, {**_call("exec_shell_command", command="echo a; echo b >&2; exit 2"), "stream": True}),
-    ("stream_timeout", {}, {**_call("exec_shell_command", command="echo a; sleep 5", timeout=1), "stream": True}),
+    (
+        "stream_exec",
+        {},
+        {**_call("exec_shell_command", command="echo a; echo b >&2; exit 2"), "stream": True},
+    ),
+    (
+        "stream_timeout",
+        {},
+        {**_call("exec_shell_command", command="echo a; sleep 5", timeout=1), "stream": True},
+    ),
     ("stream_missing_param", {}, {**_call("exec_shell_command"), "stream": True}),
-    ("stream_bad_runtime", {"x-tool-runtime": "ssh:-oX"}, {**_call("exec_shell_command", command="true"),
-                                                           "stream": True}),
+    (
+        "stream_bad_runtime",
+        {"x-tool-runtime": "ssh:-oX"},
+        {**_call("exec_shell_command", command="true"), "stream": True},
+    ),
     ("stream_not_streamable", {}, {**_call("read_file", path="notes.txt"), "stream": True}),
     ("stream_false", {}, {**_call("exec_shell_command", command="echo x"), "stream": False}),
 ]
@@ -136,13 +183,17 @@ STREAM_CASES: list[tuple[str, dict[str, str], dict[str, Any]]] = [
 def summarize_stream(status: int, content_type: str, text: str, root: str) -> list[Any]:
     if not content_type.startswith("text/event-stream"):
         return [status, normalize(json.loads(text), root)]
-    events = [json.loads(block[len("data: "):]) for block in text.split("\n\n") if block.startswith("data: ")]
+    events = [
+        json.loads(block[len("data: ") :]) for block in text.split("\n\n") if block.startswith("data: ")
+    ]
     chunks = "".join(e.get("chunk", "") for e in events[:-1])
     return [status, normalize(chunks, root), normalize(events[-1], root)]
 
 
 def normalize(body: Any, root: str) -> Any:
-    text = json.dumps(body, ensure_ascii=False).replace(os.path.realpath(root), "<ROOT>").replace(root, "<ROOT>")
+    text = (
+        json.dumps(body, ensure_ascii=False).replace(os.path.realpath(root), "<ROOT>").replace(root, "<ROOT>")
+    )
     out = json.loads(text)
     if isinstance(out, dict):
         ptr = out.get("plain_text_response")

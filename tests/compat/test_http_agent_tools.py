@@ -43,13 +43,23 @@ def test_without_tools_the_endpoint_is_disabled() -> None:
 def test_write_read_edit_round_trip_with_the_cwd_header(tmp_path: Path) -> None:
     c = _tools_client()
     h = {"x-tool-cwd": str(tmp_path)}
-    r = c.post("/tools", headers=h, json={"tool": "write_file", "params": {"path": "a/b.txt", "content": "x\ny\n"}})
+    r = c.post(
+        "/tools", headers=h, json={"tool": "write_file", "params": {"path": "a/b.txt", "content": "x\ny\n"}}
+    )
     assert r.json() == {"result": "file written successfully", "path": "a/b.txt", "bytes": 4}
     assert (tmp_path / "a" / "b.txt").read_text() == "x\ny\n"
-    r = c.post("/tools", headers=h, json={"tool": "edit_file", "params": {
-        "path": "a/b.txt", "edits": [{"old_text": "y", "new_text": "z"}], "cwd": "/elsewhere"}})
+    r = c.post(
+        "/tools",
+        headers=h,
+        json={
+            "tool": "edit_file",
+            "params": {"path": "a/b.txt", "edits": [{"old_text": "y", "new_text": "z"}], "cwd": "/elsewhere"},
+        },
+    )
     assert r.json() == {"result": "file edited successfully", "path": "a/b.txt", "edits_applied": 1}
-    r = c.post("/tools", headers=h, json={"tool": "read_file", "params": {"path": "a/b.txt", "append_loc": True}})
+    r = c.post(
+        "/tools", headers=h, json={"tool": "read_file", "params": {"path": "a/b.txt", "append_loc": True}}
+    )
     assert r.json() == {"plain_text_response": "1\u2192x\n2\u2192z\n"}
 
 
@@ -62,18 +72,28 @@ def test_base64_reads_only_through_the_header(tmp_path: Path) -> None:
     assert r.json() == {"base64": "AP8=", "size_bytes": 2}
 
 
-@pytest.mark.parametrize(("body", "status", "message"), [
-    (b"not json", 400, "[json.exception.parse_error.101]"),
-    (b"[]", 400, "cannot use at() with array"),
-    (b"{}", 400, "[json.exception.out_of_range.403] key 'tool' not found"),
-    (b'{"tool": 1}', 400, "[json.exception.type_error.302] type must be string, but is number"),
-    (b'{"tool": "read_file"}', 400, "[json.exception.out_of_range.403] key 'path' not found"),
-    (b'{"tool": "read_file", "params": {"path": 5}}', 400, "type must be string, but is number"),
-    (b'{"tool": "read_file", "params": {"path": "x", "end_line": "9"}}', 400, "type must be number, but is string"),
-    (b'{"tool": "read_file", "params": [1]}', 400, "cannot use at() with array"),
-    (b'{"tool": "exec_shell_command", "params": {"command": "true"}, "stream": "yes"}', 400,
-     "type must be boolean, but is string"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"not json", 400, "[json.exception.parse_error.101]"),
+        (b"[]", 400, "cannot use at() with array"),
+        (b"{}", 400, "[json.exception.out_of_range.403] key 'tool' not found"),
+        (b'{"tool": 1}', 400, "[json.exception.type_error.302] type must be string, but is number"),
+        (b'{"tool": "read_file"}', 400, "[json.exception.out_of_range.403] key 'path' not found"),
+        (b'{"tool": "read_file", "params": {"path": 5}}', 400, "type must be string, but is number"),
+        (
+            b'{"tool": "read_file", "params": {"path": "x", "end_line": "9"}}',
+            400,
+            "type must be number, but is string",
+        ),
+        (b'{"tool": "read_file", "params": [1]}', 400, "cannot use at() with array"),
+        (
+            b'{"tool": "exec_shell_command", "params": {"command": "true"}, "stream": "yes"}',
+            400,
+            "type must be boolean, but is string",
+        ),
+    ],
+)
 def test_malformed_calls_are_400_with_llama_servers_text(body: bytes, status: int, message: str) -> None:
     r = _tools_client().post("/tools", content=body)
     assert r.status_code == status and message in r.json()["message"], r.text
@@ -85,29 +105,46 @@ def test_tool_level_failures_are_200_with_an_error() -> None:
     assert r.status_code == 200 and r.json() == {"error": "cannot stat file: /nonexistent/x"}
 
 
-@pytest.mark.parametrize(("runtime", "message"), [
-    ("fake:does-not-exist", "unknown tool runtime: fake:does-not-exist"),
-    ("ssh:-oProxyCommand=touch /tmp/pwned", "invalid ssh target: -oProxyCommand=touch /tmp/pwned"),
-    ("docker-container:--privileged", "invalid container id: --privileged"),
-    ("podman-container:--privileged", "invalid container id: --privileged"),
-    ("docker:busybox", "tool runtime must name a running container: docker:busybox"),
-])
-def test_unusable_runtime_headers_are_500_and_never_run_on_the_host(runtime: str, message: str,
-                                                                    tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("runtime", "message"),
+    [
+        ("fake:does-not-exist", "unknown tool runtime: fake:does-not-exist"),
+        ("ssh:-oProxyCommand=touch /tmp/pwned", "invalid ssh target: -oProxyCommand=touch /tmp/pwned"),
+        ("docker-container:--privileged", "invalid container id: --privileged"),
+        ("podman-container:--privileged", "invalid container id: --privileged"),
+        ("docker:busybox", "tool runtime must name a running container: docker:busybox"),
+    ],
+)
+def test_unusable_runtime_headers_are_500_and_never_run_on_the_host(
+    runtime: str, message: str, tmp_path: Path
+) -> None:
     marker = tmp_path / "ran"
-    r = _tools_client().post("/tools", headers={"x-tool-runtime": runtime},
-                             json={"tool": "exec_shell_command", "params": {"command": f"touch {marker}"}})
+    r = _tools_client().post(
+        "/tools",
+        headers={"x-tool-runtime": runtime},
+        json={"tool": "exec_shell_command", "params": {"command": f"touch {marker}"}},
+    )
     assert r.status_code == 500 and r.json() == {"code": 500, "message": message, "type": "server_error"}
     assert not marker.exists()
-    r = _tools_client().post("/tools", headers={"x-tool-runtime": runtime}, json={
-        "tool": "exec_shell_command", "params": {"command": f"touch {marker}"}, "stream": True})
+    r = _tools_client().post(
+        "/tools",
+        headers={"x-tool-runtime": runtime},
+        json={"tool": "exec_shell_command", "params": {"command": f"touch {marker}"}, "stream": True},
+    )
     assert r.status_code == 200 and sse_events(r.text) == [{"done": True, "error": message}]
     assert not marker.exists()
 
 
 def test_exec_shell_command_streams_chunks_then_done(tmp_path: Path) -> None:
-    r = _tools_client().post("/tools", headers={"x-tool-cwd": str(tmp_path)}, json={
-        "tool": "exec_shell_command", "params": {"command": "pwd; echo err >&2; exit 3"}, "stream": True})
+    r = _tools_client().post(
+        "/tools",
+        headers={"x-tool-cwd": str(tmp_path)},
+        json={
+            "tool": "exec_shell_command",
+            "params": {"command": "pwd; echo err >&2; exit 3"},
+            "stream": True,
+        },
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[-1] == {"done": True}
@@ -124,7 +161,10 @@ def test_config_enables_tools_and_keeps_cors_local() -> None:
     assert cfg.tools == ("read_file", "grep_search") and cfg.cors_origins == "localhost"
     cfg = load_config(["-ag"], {}, warn=lambda m: None).server
     assert cfg.tools == ("all",) and cfg.mcp_proxy and cfg.cors_origins == "localhost"
-    assert load_config(["--tools", "all", "--cors-origins", "*"], {}, warn=lambda m: None).server.cors_origins == "*"
+    assert (
+        load_config(["--tools", "all", "--cors-origins", "*"], {}, warn=lambda m: None).server.cors_origins
+        == "*"
+    )
     assert json.loads(json.dumps(list(cfg.tools))) == ["all"]
 
 
@@ -132,7 +172,11 @@ def test_stream_chunks_arrive_while_the_command_runs(tmp_path: Path) -> None:
     import time
 
     c = _tools_client()
-    body = {"tool": "exec_shell_command", "params": {"command": "echo first; sleep 4; echo second"}, "stream": True}
+    body = {
+        "tool": "exec_shell_command",
+        "params": {"command": "echo first; sleep 4; echo second"},
+        "stream": True,
+    }
     t0 = time.monotonic()
     with c.stream("POST", "/tools", json=body) as r:
         lines = r.iter_lines()
@@ -148,26 +192,40 @@ def test_a_client_that_goes_away_stops_the_command(tmp_path: Path) -> None:
 
     marker = tmp_path / "marker"
     c = _tools_client()
-    body = {"tool": "exec_shell_command", "stream": True,
-            "params": {"command": f"echo first; sleep 1; echo more; sleep 1; touch {marker}"}}
+    body = {
+        "tool": "exec_shell_command",
+        "stream": True,
+        "params": {"command": f"echo first; sleep 1; echo more; sleep 1; touch {marker}"},
+    }
     with c.stream("POST", "/tools", json=body) as r:
         assert next(line for line in r.iter_lines() if line) == 'data: {"chunk":"first\\n"}'
     time.sleep(3.5)
     assert not marker.exists()  # killed at its next output, before `touch`
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--tools", "read_file,bogus"], 'tools setup failed: unknown tool "bogus". available tools: read_file, '
-                                     "file_glob_search, grep_search, exec_shell_command, write_file, edit_file, "
-                                     "get_info"),
-    (["--tools", "all", "--tools-runtime", "ssh:-x"], "tools setup failed: invalid ssh target: -x"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--tools", "read_file,bogus"],
+            'tools setup failed: unknown tool "bogus". available tools: read_file, '
+            "file_glob_search, grep_search, exec_shell_command, write_file, edit_file, "
+            "get_info",
+        ),
+        (["--tools", "all", "--tools-runtime", "ssh:-x"], "tools setup failed: invalid ssh target: -x"),
+    ],
+)
 def test_unusable_tool_settings_stop_start_up(argv: list[str], message: str) -> None:
     import subprocess
     import sys
 
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src}
-    proc = subprocess.run([sys.executable, "-m", "kvserve", *argv, "--port", "0"], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvserve", *argv, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]

@@ -14,11 +14,15 @@ import pytest
 from .agent_tools_cases import CASES, STREAM_CASES, make_tree, normalize, summarize_stream
 from .test_http_fake_engine import client
 
-GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "agent_tools" / "calls.json").read_text("utf-8"))
+GOLDEN = json.loads(
+    (Path(__file__).parent.parent / "golden" / "agent_tools" / "calls.json").read_text("utf-8")
+)
 
 
-_NAMED_404 = {"unknown_tool": 'unknown tool "no_such_tool"',
-              "stream_not_streamable": 'tool "read_file" does not support stream = true'}
+_NAMED_404 = {
+    "unknown_tool": 'unknown tool "no_such_tool"',
+    "stream_not_streamable": 'tool "read_file" does not support stream = true',
+}
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +40,12 @@ def answers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Any]]:
     return out
 
 
-@pytest.mark.parametrize(("name", "status", "body"), [g[:2] + [g[2:]] for g in GOLDEN], ids=[g[0] for g in GOLDEN])
-def test_call_matches_llama_server(answers: dict[str, list[Any]], name: str, status: int, body: list[Any]) -> None:
+@pytest.mark.parametrize(
+    ("name", "status", "body"), [g[:2] + [g[2:]] for g in GOLDEN], ids=[g[0] for g in GOLDEN]
+)
+def test_call_matches_llama_server(
+    answers: dict[str, list[Any]], name: str, status: int, body: list[Any]
+) -> None:
     if name in ("glob_git", "grep_git") and shutil.which("git") is None:
         pytest.skip("git is not installed")
     if name in _NAMED_404:  # llama-server's generic 404 text; kvserve names the tool
@@ -45,7 +53,9 @@ def test_call_matches_llama_server(answers: dict[str, list[Any]], name: str, sta
         assert answers[name][1]["error"] == {**body[0]["error"], "message": _NAMED_404[name]}
         return
     if name == "info":  # the machine's own uname
-        body = [{**body[0], "os": subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()}]
+        body = [
+            {**body[0], "os": subprocess.run(["uname", "-a"], capture_output=True, text=True).stdout.strip()}
+        ]
     assert answers[name] == [status, *body]
 
 

@@ -36,6 +36,7 @@ class HostIsolate(IsolateIO):
 
 # --- subprocess ---------------------------------------------------------------------------------
 
+
 def test_run_combines_output_and_reports_the_exit_code() -> None:
     res = subproc.run(["sh", "-c", "echo a; echo b >&2; exit 4"], 1000, 5)
     assert res == subproc.ExecResult("a\nb\n", 4, False)
@@ -67,18 +68,23 @@ def test_on_chunk_false_stops_the_child() -> None:
 
 def test_chunks_never_split_a_character() -> None:
     chunks: list[str] = []
-    script = "import sys,time; sys.stdout.buffer.write(b'\\xc3'); sys.stdout.flush(); time.sleep(0.2); " \
-             "sys.stdout.buffer.write(b'\\xa9'); sys.stdout.flush()"
+    script = (
+        "import sys,time; sys.stdout.buffer.write(b'\\xc3'); sys.stdout.flush(); time.sleep(0.2); "
+        "sys.stdout.buffer.write(b'\\xa9'); sys.stdout.flush()"
+    )
     subproc.run([sys.executable, "-c", script], 1000, 10, lambda c: chunks.append(c) is None)
     assert "".join(chunks) == "\u00e9"
 
 
 def test_a_child_that_cannot_start() -> None:
-    assert subproc.run(["/nonexistent/binary"], 100, 5) == subproc.ExecResult("failed to spawn process", -1, False)
+    assert subproc.run(["/nonexistent/binary"], 100, 5) == subproc.ExecResult(
+        "failed to spawn process", -1, False
+    )
     assert LocalIO("/nonexistent/dir").run(["true"], 100, 5).output == "failed to spawn process"
 
 
 # --- host I/O -----------------------------------------------------------------------------------
+
 
 def test_local_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     io = LocalIO(str(tmp_path))
@@ -103,6 +109,7 @@ def test_local_walker_skips_links_and_junk(tmp_path: Path) -> None:
 
 # --- isolate I/O, through a transport that runs here --------------------------------------------
 
+
 def test_isolate_file_operations(tmp_path: Path) -> None:
     io = HostIsolate(str(tmp_path))
     assert io.resolve("x") == f"{tmp_path}/x" and io.resolve("/abs") == "/abs"
@@ -120,8 +127,13 @@ def test_isolate_listing_with_find(tmp_path: Path) -> None:
     (tmp_path / "node_modules" / "x").mkdir(parents=True)
     io = HostIsolate()
     got = io.list_entries(str(tmp_path), 0, ListKind.ALL)
-    assert sorted(got.entries) == [("a", True), ("a/b", True), ("a/b/deep.txt", False), ("node_modules", True),
-                                   ("top.txt", False)]
+    assert sorted(got.entries) == [
+        ("a", True),
+        ("a/b", True),
+        ("a/b/deep.txt", False),
+        ("node_modules", True),
+        ("top.txt", False),
+    ]
     assert sorted(io.list_entries(str(tmp_path), 1, ListKind.FILES).entries) == [("top.txt", False)]
     assert io.list_entries(str(tmp_path / "nope"), 0, ListKind.FILES).err
 
@@ -140,8 +152,17 @@ def test_transport_command_lines() -> None:
     assert c.build_argv(["sh"], True) == ["podman", "exec", "-i", "abc123", "sh"]
     s = SshIO("me@host")
     argv = s.build_argv(["sh", "-c", "echo 'it''s' $HOME"], False)
-    assert argv[:9] == ["ssh", "-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o",
-                        "KbdInteractiveAuthentication=no", "-o", "StrictHostKeyChecking=yes"]
+    assert argv[:9] == [
+        "ssh",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "PasswordAuthentication=no",
+        "-o",
+        "KbdInteractiveAuthentication=no",
+        "-o",
+        "StrictHostKeyChecking=yes",
+    ]
     assert argv[9:11] == ["-n", "me@host"] and "-n" not in s.build_argv(["cat"], True)
     assert shlex.split(argv[-1]) == ["sh", "-c", "echo 'it''s' $HOME"]  # one word the remote shell re-parses
 
@@ -149,20 +170,23 @@ def test_transport_command_lines() -> None:
 def test_shell_quote_join_round_trips_through_sh() -> None:
     argv = ["printf", "%s|", "a b", "it's", "$HOME", "`x`", '"q"', ""]
     out = subprocess.run(["sh", "-c", shell_quote_join(argv)], capture_output=True, text=True).stdout
-    assert out == "a b|it's|$HOME|`x`|\"q\"||"
+    assert out == 'a b|it\'s|$HOME|`x`|"q"||'
 
 
-@pytest.mark.parametrize(("runtime", "message"), [
-    ("fake:x", "unknown tool runtime: fake:x"),
-    ("ssh:", "invalid ssh target: "),
-    ("ssh:-oProxyCommand=touch /tmp/x", "invalid ssh target: -oProxyCommand=touch /tmp/x"),
-    ("ssh:host;rm", "invalid ssh target: host;rm"),
-    ("docker-container:", "invalid container id: "),
-    ("docker-container:--privileged", "invalid container id: --privileged"),
-    ("podman-container:_x", "invalid container id: _x"),
-    ("docker-container:a b", "invalid container id: a b"),
-    ("docker:busybox", "tool runtime must name a running container: docker:busybox"),
-])
+@pytest.mark.parametrize(
+    ("runtime", "message"),
+    [
+        ("fake:x", "unknown tool runtime: fake:x"),
+        ("ssh:", "invalid ssh target: "),
+        ("ssh:-oProxyCommand=touch /tmp/x", "invalid ssh target: -oProxyCommand=touch /tmp/x"),
+        ("ssh:host;rm", "invalid ssh target: host;rm"),
+        ("docker-container:", "invalid container id: "),
+        ("docker-container:--privileged", "invalid container id: --privileged"),
+        ("podman-container:_x", "invalid container id: _x"),
+        ("docker-container:a b", "invalid container id: a b"),
+        ("docker:busybox", "tool runtime must name a running container: docker:busybox"),
+    ],
+)
 def test_runtime_refusals(runtime: str, message: str) -> None:
     with pytest.raises(ToolRuntimeError) as e:
         make_io("", runtime)
@@ -198,7 +222,9 @@ def test_container_runtime_spawns_respawns_and_stops(tmp_path: Path, monkeypatch
     rt = ContainerRuntime(str(engine), "busybox")
     spec = rt.spec()
     assert spec.startswith(f"{engine}-container:cid")
-    assert log.read_text().startswith("run --rm -i --cidfile ") and log.read_text().rstrip().endswith("busybox sh")
+    assert log.read_text().startswith("run --rm -i --cidfile ") and log.read_text().rstrip().endswith(
+        "busybox sh"
+    )
     assert rt._proc is not None
     rt._proc.kill()  # the container dies: the next call gets a new one
     rt._proc.wait()

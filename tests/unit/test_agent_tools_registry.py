@@ -48,9 +48,14 @@ def test_providers_are_merged_in_order_and_collisions_skipped() -> None:
     names = [e["tool"] for e in reg.list()]
     assert names == [*TOOL_NAMES, "srv_search", "srv_fetch"]
     assert reg.find("read_file", stream=False).type == "server"
-    assert reg.list()[-1] == {"display_name": "srv_fetch", "tool": "srv_fetch", "type": "mcp",
-                              "permissions": {"write": False}, "uses_cwd": False,
-                              "definition": EchoTool("srv_fetch").definition()}
+    assert reg.list()[-1] == {
+        "display_name": "srv_fetch",
+        "tool": "srv_fetch",
+        "type": "mcp",
+        "permissions": {"write": False},
+        "uses_cwd": False,
+        "definition": EchoTool("srv_fetch").definition(),
+    }
     reg.close()
     assert mcp.closed
 
@@ -83,4 +88,8 @@ def test_setup_from_settings() -> None:
         setup(S())
     S.tools_runtime = "docker-container:abc123"  # names an existing target: validated, not contacted
     reg = setup(S())
-    assert reg is not None and reg.default_runtime is not None and reg.default_runtime() == "docker-container:abc123"
+    assert (
+        reg is not None
+        and reg.default_runtime is not None
+        and reg.default_runtime() == "docker-container:abc123"
+    )

@@ -52,9 +52,6 @@ def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
     app.state.settings = s
     app.state.t_start = time.time()
     app.state.agent_tools = agent_tools.setup(s)  # None: /tools answers 403; close() at shutdown
-    if app.state.agent_tools is not None:
-        features = ["server tools (experimental)"] + (["tools runtime (experimental)"] if s.tools_runtime else [])
-        log.warning("security: %s enabled - do not expose to untrusted environments", ", ".join(features))
 
     routers = [routes_misc.make_router(s.api_prefix), routes_generate.make_router(s.api_prefix)]
     for router in routers:

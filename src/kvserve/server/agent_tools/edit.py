@@ -32,8 +32,13 @@ class _Match(NamedTuple):
 _TRANSLATE = {
     **{c: "'" for c in (0x2018, 0x2019, 0x201A, 0x201B)},
     **{c: '"' for c in (0x201C, 0x201D, 0x201E, 0x201F)},
-    **{c: "-" for c in range(0x2010, 0x2016)}, 0x2212: "-",
-    0x00A0: " ", **{c: " " for c in range(0x2002, 0x200B)}, 0x202F: " ", 0x205F: " ", 0x3000: " ",
+    **{c: "-" for c in range(0x2010, 0x2016)},
+    0x2212: "-",
+    0x00A0: " ",
+    **{c: " " for c in range(0x2002, 0x200B)},
+    0x202F: " ",
+    0x205F: " ",
+    0x3000: " ",
 }
 
 
@@ -54,7 +59,7 @@ def _split_nl(content: str) -> list[str]:
         if nl < 0:
             out.append(content[start:])
             break
-        out.append(content[start:nl + 1])
+        out.append(content[start : nl + 1])
         start = nl + 1
     return out
 
@@ -67,7 +72,7 @@ def _apply(content: str, matches: list[_Match], offset: int) -> str:
     """``matches`` ascending and disjoint, offsets relative to ``offset``."""
     for m in reversed(matches):
         i = m.index - offset
-        content = content[:i] + m.new_text + content[i + m.length:]
+        content = content[:i] + m.new_text + content[i + m.length :]
     return content
 
 
@@ -118,8 +123,10 @@ def apply_edits(original: str, edits: list[Edit], path: str) -> tuple[str, int]:
         if e.old_text in original:
             continue
         if normalize(e.old_text) not in norm_original:
-            raise EditError(f"could not find edits[{i}].old_text in {path}, it must match the file's current "
-                            "content exactly")
+            raise EditError(
+                f"could not find edits[{i}].old_text in {path}, it must match the file's current "
+                "content exactly"
+            )
         fuzzy = True
     base = norm_original if fuzzy else original
     matches: list[_Match] = []
@@ -130,14 +137,18 @@ def apply_edits(original: str, edits: list[Edit], path: str) -> tuple[str, int]:
             raise EditError(f"found {n} occurrences of edits[{i}].old_text in {path}, it must be unique")
         index = base.find(needle)
         if index < 0:
-            raise EditError(f"could not find edits[{i}].old_text in {path}, it must match the file's current "
-                            "content exactly")
+            raise EditError(
+                f"could not find edits[{i}].old_text in {path}, it must match the file's current "
+                "content exactly"
+            )
         matches.append(_Match(i, index, len(needle), e.new_text))
     matches.sort(key=lambda m: m.index)
-    for a, b in zip(matches, matches[1:]):
+    for a, b in zip(matches, matches[1:], strict=False):
         if a.index + a.length > b.index:
-            raise EditError(f"edits[{a.edit_index}] and edits[{b.edit_index}] overlap in {path}; merge them into "
-                            "one edit or target disjoint regions")
+            raise EditError(
+                f"edits[{a.edit_index}] and edits[{b.edit_index}] overlap in {path}; merge them into "
+                "one edit or target disjoint regions"
+            )
     new = _apply_preserving(original, base, matches) if fuzzy else _apply(base, matches, 0)
     if new == original:
         raise EditError("no changes made: the replacement(s) produced identical content")

@@ -16,8 +16,21 @@ GIT_LS_FILES_MAX_OUTPUT = 8 * 1024 * 1024
 LIST_TIMEOUT_S = 15  # one listing call, git and walker together
 
 # Listed but never descended into: they can be enormous.
-JUNK_DIR_NAMES = (".git", ".svn", ".hg", "node_modules", "__pycache__", ".venv", "venv", "dist", "build",
-                  "target", ".cache", ".idea", ".vscode")
+JUNK_DIR_NAMES = (
+    ".git",
+    ".svn",
+    ".hg",
+    "node_modules",
+    "__pycache__",
+    ".venv",
+    "venv",
+    "dist",
+    "build",
+    "target",
+    ".cache",
+    ".idea",
+    ".vscode",
+)
 
 
 class ListKind(enum.Enum):
@@ -63,5 +76,6 @@ class ToolIO(Protocol):
         """``base`` already resolved; ``max_depth`` 0 = unlimited, 1 = direct children only."""
         ...
 
-    def run(self, args: list[str], max_output: int, timeout_s: int, on_chunk: OnChunk | None = None) -> ExecResult:
-        ...
+    def run(
+        self, args: list[str], max_output: int, timeout_s: int, on_chunk: OnChunk | None = None
+    ) -> ExecResult: ...

@@ -72,7 +72,9 @@ class IsolateIO:
         return self.cwd + "/" + path
 
     def _exec(self, inner: list[str], max_output: int, combine_stderr: bool = True) -> ExecResult:
-        return subproc.run(self.build_argv(inner, False), max_output, AUX_TIMEOUT_S, combine_stderr=combine_stderr)
+        return subproc.run(
+            self.build_argv(inner, False), max_output, AUX_TIMEOUT_S, combine_stderr=combine_stderr
+        )
 
     def _test(self, flag: str, path: str) -> bool:
         res = self._exec(["sh", "-c", f'[ {flag} "$1" ]', "_", path], 4096)
@@ -107,12 +109,15 @@ class IsolateIO:
         if not self.is_directory(base):
             return ListResult([], "path does not exist or is not a directory")
         if kind is ListKind.FILES:
-            res = self._exec(["sh", "-c", 'cd "$1" && git ls-files --cached --others --exclude-standard', "_",
-                              abs_base], GIT_LS_FILES_MAX_OUTPUT)
+            res = self._exec(
+                ["sh", "-c", 'cd "$1" && git ls-files --cached --others --exclude-standard', "_", abs_base],
+                GIT_LS_FILES_MAX_OUTPUT,
+            )
             if res.exit_code == 0 and not res.timed_out:
                 rels = _split_lines(res.output, False)
-                return ListResult([ListEntry(r, False) for r in rels if not (max_depth > 0 and
-                                                                              entry_depth(r) > max_depth)])
+                return ListResult(
+                    [ListEntry(r, False) for r in rels if not (max_depth > 0 and entry_depth(r) > max_depth)]
+                )
         entries: list[ListEntry] = []
         truncated = False
         if kind is not ListKind.FILES:
@@ -136,7 +141,9 @@ class IsolateIO:
         res = self._exec(["sh", "-c", cmd, "_", abs_base], GIT_LS_FILES_MAX_OUTPUT)
         return _split_lines(res.output, True), res.timed_out
 
-    def run(self, args: list[str], max_output: int, timeout_s: int, on_chunk: OnChunk | None = None) -> ExecResult:
+    def run(
+        self, args: list[str], max_output: int, timeout_s: int, on_chunk: OnChunk | None = None
+    ) -> ExecResult:
         # `timeout` inside the isolate: killing the host-side client does not stop what runs there;
         # the host deadline leaves it 5 s to exit cleanly
         inner = ["timeout", f"{timeout_s}s", *args]
@@ -148,8 +155,14 @@ class IsolateIO:
 def _run_bytes(argv: list[str], max_output: int) -> bytes | None:
     """stdout only (stderr must not be spliced into file bytes), as bytes; None on failure."""
     try:
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              timeout=AUX_TIMEOUT_S, check=False)
+        proc = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=AUX_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout[:max_output] if proc.returncode == 0 else None
@@ -171,8 +184,16 @@ class SshIO(IsolateIO):
     """A remote POSIX host (remoting, not isolation: the tools can do what the account can).
     Key-based auth and a trusted host key only: there is no console to answer a prompt."""
 
-    OPTIONS = ("-o", "BatchMode=yes", "-o", "PasswordAuthentication=no", "-o", "KbdInteractiveAuthentication=no",
-               "-o", "StrictHostKeyChecking=yes")
+    OPTIONS = (
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "PasswordAuthentication=no",
+        "-o",
+        "KbdInteractiveAuthentication=no",
+        "-o",
+        "StrictHostKeyChecking=yes",
+    )
 
     def __init__(self, target: str, cwd: str = "") -> None:
         super().__init__(cwd)
@@ -184,12 +205,20 @@ class SshIO(IsolateIO):
 
 
 def _valid(s: str, extra: str) -> bool:
-    return bool(s) and s[0].isascii() and s[0].isalnum() and all(
-        (c.isascii() and c.isalnum()) or c in extra for c in s)
+    return (
+        bool(s)
+        and s[0].isascii()
+        and s[0].isalnum()
+        and all((c.isascii() and c.isalnum()) or c in extra for c in s)
+    )
 
 
 def valid_ssh_target(target: str) -> bool:
-    return bool(target) and target[0] != "-" and all((c.isascii() and c.isalnum()) or c in ".-_@" for c in target)
+    return (
+        bool(target)
+        and target[0] != "-"
+        and all((c.isascii() and c.isalnum()) or c in ".-_@" for c in target)
+    )
 
 
 def valid_container_id(cid: str) -> bool:
@@ -205,9 +234,9 @@ class ContainerSpec(NamedTuple):
 def parse_container_spec(spec: str) -> ContainerSpec | None:
     for engine in ENGINES:
         if spec.startswith(engine + "-container:"):
-            return ContainerSpec(engine, spec[len(engine) + len("-container:"):], True)
+            return ContainerSpec(engine, spec[len(engine) + len("-container:") :], True)
         if spec.startswith(engine + ":"):
-            return ContainerSpec(engine, spec[len(engine) + 1:], False)
+            return ContainerSpec(engine, spec[len(engine) + 1 :], False)
     return None
 
 
@@ -223,7 +252,7 @@ def make_io(cwd: str, runtime: str) -> ToolIO:
             raise ToolRuntimeError(f"invalid container id: {container.arg}")
         return ContainerIO(container.engine, container.arg, cwd)
     if runtime.startswith("ssh:"):
-        target = runtime[len("ssh:"):]
+        target = runtime[len("ssh:") :]
         if not valid_ssh_target(target):
             raise ToolRuntimeError(f"invalid ssh target: {target}")
         return SshIO(target, cwd)

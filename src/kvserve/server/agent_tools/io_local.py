@@ -78,7 +78,9 @@ class LocalIO:
             return False
         return True
 
-    def run(self, args: list[str], max_output: int, timeout_s: int, on_chunk: OnChunk | None = None) -> ExecResult:
+    def run(
+        self, args: list[str], max_output: int, timeout_s: int, on_chunk: OnChunk | None = None
+    ) -> ExecResult:
         return subproc.run(args, max_output, timeout_s, on_chunk, combine_stderr=True, cwd=self.cwd)
 
     def list_entries(self, base: str, max_depth: int, kind: ListKind) -> ListResult:
@@ -86,8 +88,11 @@ class LocalIO:
             return ListResult([], "path does not exist or is not a directory")
         deadline = time.monotonic() + LIST_TIMEOUT_S
         if kind is ListKind.FILES:  # git cannot list directories
-            res = self.run(["git", "-C", base, "ls-files", "--cached", "--others", "--exclude-standard"],
-                           GIT_LS_FILES_MAX_OUTPUT, LIST_TIMEOUT_S)
+            res = self.run(
+                ["git", "-C", base, "ls-files", "--cached", "--others", "--exclude-standard"],
+                GIT_LS_FILES_MAX_OUTPUT,
+                LIST_TIMEOUT_S,
+            )
             if res.exit_code == 0 and not res.timed_out:
                 out = []
                 for line in res.output.split("\n"):

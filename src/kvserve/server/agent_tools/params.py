@@ -19,12 +19,14 @@ _KIND = {str: "string", int: "number", bool: "boolean", list: "array", dict: "ob
 def _check(value: Any, kind: type, suffix: str) -> Any:
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ToolParamError(f"[json.exception.type_error.302] type must be number, but is "
-                                 f"{json_type(value)}{suffix}")
+            raise ToolParamError(
+                f"[json.exception.type_error.302] type must be number, but is {json_type(value)}{suffix}"
+            )
         return int(value)
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise ToolParamError(f"[json.exception.type_error.302] type must be {_KIND[kind]}, but is "
-                             f"{json_type(value)}{suffix}")
+        raise ToolParamError(
+            f"[json.exception.type_error.302] type must be {_KIND[kind]}, but is {json_type(value)}{suffix}"
+        )
     return value
 
 

@@ -83,7 +83,7 @@ class ToolRegistry:
         added = 0
         for tool in provider.tools():
             if tool.name in self._tools:
-                log.warning("tool \"%s\" (%s) collides with an existing tool, skipping", tool.name, tool.type)
+                log.warning('tool "%s" (%s) collides with an existing tool, skipping', tool.name, tool.type)
                 continue
             self._tools[tool.name] = tool
             added += 1
@@ -95,9 +95,9 @@ class ToolRegistry:
     def find(self, name: str, stream: bool) -> Tool:
         tool = self._tools.get(name)
         if tool is None:
-            raise ToolNotFound(f"unknown tool \"{name}\"")
+            raise ToolNotFound(f'unknown tool "{name}"')
         if stream and not tool.supports_stream:
-            raise ToolNotFound(f"tool \"{name}\" does not support stream = true")
+            raise ToolNotFound(f'tool "{name}" does not support stream = true')
         return tool
 
     def __len__(self) -> int:

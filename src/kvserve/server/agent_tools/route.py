@@ -15,9 +15,11 @@ POST body: ``{"tool": NAME, "params": {...}, "stream": false}``. Before the call
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.requests import Request
@@ -29,6 +31,9 @@ from kvserve.server.jsonio import JSONResponse, dumps, json_type, parse_json
 
 log = logging.getLogger("kvserve.tools")
 
+_POOL = ThreadPoolExecutor(
+    max_workers=16, thread_name_prefix="kvserve-tool"
+)  # concurrent blocking tool calls
 _RUNNING: set[asyncio.Task[None]] = set()  # streamed calls whose client may be gone (strong references)
 _INJECTED = (("cwd", "x-tool-cwd"), ("runtime", "x-tool-runtime"), ("resp_type", "x-resp-type"))
 
@@ -61,7 +66,9 @@ def _parse(raw: bytes) -> tuple[str, dict[str, Any], bool]:
         raise ToolParamError(f"[json.exception.type_error.304] cannot use at() with {json_type(params)}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise ToolParamError(f"[json.exception.type_error.302] type must be boolean, but is {json_type(stream)}")
+        raise ToolParamError(
+            f"[json.exception.type_error.302] type must be boolean, but is {json_type(stream)}"
+        )
     return name, params, stream
 
 
@@ -79,7 +86,10 @@ def _inject(params: dict[str, Any], request: Request, registry: ToolRegistry) ->
 async def _invoke(tool: Tool, params: dict[str, Any], emit: Any) -> Any:
     if inspect.iscoroutinefunction(tool.invoke):
         return await tool.invoke(params, emit)
-    return await asyncio.to_thread(tool.invoke, params, emit)
+    # own threads: a tool may block for a minute and must not starve asyncio's default executor
+    return await asyncio.get_running_loop().run_in_executor(
+        _POOL, functools.partial(tool.invoke, params, emit)
+    )
 
 
 async def call_tool(request: Request, registry: ToolRegistry) -> Response:

@@ -52,10 +52,14 @@ class ContainerRuntime:
         try:
             self._proc = subprocess.Popen(
                 [self.engine, "run", "--rm", "-i", "--cidfile", cidfile, self.image, "sh"],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         except OSError as e:
-            raise ToolRuntimeError(f"failed to spawn {self.engine} container for tools runtime "
-                                   f"(image: {self.image}): {e}") from None
+            raise ToolRuntimeError(
+                f"failed to spawn {self.engine} container for tools runtime (image: {self.image}): {e}"
+            ) from None
         cid = ""
         deadline = time.monotonic() + SPAWN_WAIT_S
         while not cid and time.monotonic() < deadline and self._proc.poll() is None:
@@ -73,13 +77,17 @@ class ContainerRuntime:
         if not cid:
             self._proc.kill()
             self._proc.wait()
-            raise ToolRuntimeError(f"timed out waiting for {self.engine} container to start (image: {self.image})")
+            raise ToolRuntimeError(
+                f"timed out waiting for {self.engine} container to start (image: {self.image})"
+            )
         self.container_id = cid
 
     def spec(self) -> str:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
-                log.warning("%s tools runtime container \"%s\" died, respawning", self.engine, self.container_id)
+                log.warning(
+                    '%s tools runtime container "%s" died, respawning', self.engine, self.container_id
+                )
                 self._spawn()
             return f"{self.engine}-container:{self.container_id}"
 

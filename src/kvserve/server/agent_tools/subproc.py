@@ -36,13 +36,25 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
             pass
 
 
-def run(args: Sequence[str], max_output: int, timeout_s: float, on_chunk: OnChunk | None = None, *,
-        combine_stderr: bool = True, cwd: str = "", stdin_data: bytes | None = None) -> ExecResult:
+def run(
+    args: Sequence[str],
+    max_output: int,
+    timeout_s: float,
+    on_chunk: OnChunk | None = None,
+    *,
+    combine_stderr: bool = True,
+    cwd: str = "",
+    stdin_data: bytes | None = None,
+) -> ExecResult:
     try:
         proc = subprocess.Popen(
-            list(args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            list(args),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if combine_stderr else subprocess.DEVNULL,
-            cwd=cwd or None, start_new_session=True)
+            cwd=cwd or None,
+            start_new_session=True,
+        )
     except (OSError, ValueError):
         return ExecResult("failed to spawn process", -1, False)
 
@@ -85,7 +97,7 @@ def run(args: Sequence[str], max_output: int, timeout_s: float, on_chunk: OnChun
                 _kill(proc)
                 break
         else:
-            rest = buf[:max_output - len(out)]
+            rest = buf[: max_output - len(out)]
             out += rest
             if on_chunk is not None and rest:
                 on_chunk(decoder.decode(rest, final=True))

@@ -9,10 +9,10 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from kvserve.server.agent_tools.builtin import BuiltinTool, schema
 from kvserve.server.agent_tools.edit import Edit, EditError, apply_edits
 from kvserve.server.agent_tools.params import optional, required
 from kvserve.server.agent_tools.registry import Emit, ToolParamError
+from kvserve.server.agent_tools.tool_base import BuiltinTool, schema
 from kvserve.server.jsonio import json_type
 
 READ_MAX = 16 * 1024  # bytes of text answered (and file size without an end_line)
@@ -41,16 +41,21 @@ def lines_of(raw: bytes) -> list[bytes]:
 class ReadFile(BuiltinTool):
     name = "read_file"
     display_name = "Read file"
-    description = ("Read the contents of a file. Optionally specify a 1-based line range. If append_loc is true, "
-                   "each line is prefixed with its line number (e.g. \"1\u2192...\").")
+    description = (
+        "Read the contents of a file. Optionally specify a 1-based line range. If append_loc is true, "
+        'each line is prefixed with its line number (e.g. "1\u2192...").'
+    )
 
     def parameters(self) -> dict[str, Any]:
-        return schema({
-            "path": ("string", "Path to the file"),
-            "start_line": ("integer", "First line to read, 1-based (default: 1)"),
-            "end_line": ("integer", "Last line to read, 1-based inclusive (default: end of file)"),
-            "append_loc": ("boolean", "Prefix each line with its line number"),
-        }, ["path"])
+        return schema(
+            {
+                "path": ("string", "Path to the file"),
+                "start_line": ("integer", "First line to read, 1-based (default: 1)"),
+                "end_line": ("integer", "Last line to read, 1-based inclusive (default: end of file)"),
+                "append_loc": ("boolean", "Prefix each line with its line number"),
+            },
+            ["path"],
+        )
 
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         path = required(params, "path", str)
@@ -70,8 +75,10 @@ class ReadFile(BuiltinTool):
                 return {"error": f"failed to open file: {path}"}
             return {"base64": base64.b64encode(raw).decode("ascii"), "size_bytes": len(raw)}
         if size > READ_MAX and end_line == -1:
-            return {"error": f"file too large ({size} bytes, max {READ_MAX}). Use start_line/end_line to read a "
-                             "portion."}
+            return {
+                "error": f"file too large ({size} bytes, max {READ_MAX}). Use start_line/end_line to read a "
+                "portion."
+            }
         raw = io.read_file(path)
         if raw is None:
             return {"error": f"failed to open file: {path}"}
@@ -93,12 +100,16 @@ class WriteFile(BuiltinTool):
     name = "write_file"
     display_name = "Write file"
     permission_write = True
-    description = ("Write content to a file, creating it (including parent directories) if it does not exist. "
-                   "May use with edit_file for more complex edits.")
+    description = (
+        "Write content to a file, creating it (including parent directories) if it does not exist. "
+        "May use with edit_file for more complex edits."
+    )
 
     def parameters(self) -> dict[str, Any]:
-        return schema({"path": ("string", "Path of the file to write"), "content": ("string", "Content to write")},
-                      ["path", "content"])
+        return schema(
+            {"path": ("string", "Path of the file to write"), "content": ("string", "Content to write")},
+            ["path", "content"],
+        )
 
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         path = required(params, "path", str)
@@ -112,21 +123,35 @@ class EditFile(BuiltinTool):
     name = "edit_file"
     display_name = "Edit file"
     permission_write = True
-    description = ("Edit a file using exact text replacement. Each edits[].old_text must be unique in the file and "
-                   "is matched against the original content, not incrementally. Merge nearby changes into one edit "
-                   "instead of overlapping edits. Use write_file to replace the whole file.")
+    description = (
+        "Edit a file using exact text replacement. Each edits[].old_text must be unique in the file and "
+        "is matched against the original content, not incrementally. Merge nearby changes into one edit "
+        "instead of overlapping edits. Use write_file to replace the whole file."
+    )
 
     def parameters(self) -> dict[str, Any]:
-        item = schema({
-            "old_text": ("string", "Exact text to find; must be unique in the file and must not overlap with "
-                                   "other edits"),
-            "new_text": ("string", "Text to replace old_text with"),
-        }, ["old_text", "new_text"])
-        return {"type": "object", "properties": {
-            "path": {"type": "string", "description": "Path to the file to edit"},
-            "edits": {"type": "array", "description": "One or more exact text replacements to apply",
-                      "items": item},
-        }, "required": ["path", "edits"]}
+        item = schema(
+            {
+                "old_text": (
+                    "string",
+                    "Exact text to find; must be unique in the file and must not overlap with other edits",
+                ),
+                "new_text": ("string", "Text to replace old_text with"),
+            },
+            ["old_text", "new_text"],
+        )
+        return {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "Path to the file to edit"},
+                "edits": {
+                    "type": "array",
+                    "description": "One or more exact text replacements to apply",
+                    "items": item,
+                },
+            },
+            "required": ["path", "edits"],
+        }
 
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         path = required(params, "path", str)
@@ -134,7 +159,7 @@ class EditFile(BuiltinTool):
             raise ToolParamError("[json.exception.out_of_range.403] key 'edits' not found")
         raw_edits = params["edits"]
         if not isinstance(raw_edits, list) or not raw_edits:
-            return {"error": "\"edits\" must be a non-empty array"}
+            return {"error": '"edits" must be a non-empty array'}
         edits: list[Edit] = []
         for e in raw_edits:
             if not isinstance(e, dict):

@@ -6,11 +6,11 @@ import posixpath
 import re
 from typing import Any
 
-from kvserve.server.agent_tools.builtin import BuiltinTool, schema
 from kvserve.server.agent_tools.glob import path_glob_match
 from kvserve.server.agent_tools.io_base import ListEntry, ListKind
 from kvserve.server.agent_tools.params import optional, required
 from kvserve.server.agent_tools.registry import Emit
+from kvserve.server.agent_tools.tool_base import BuiltinTool, schema
 from kvserve.server.agent_tools.tool_files import lines_of, text_of
 
 GLOB_MAX_RESULTS = 100
@@ -27,22 +27,34 @@ class FileGlobSearch(BuiltinTool):
         "and common junk directories (.git, node_modules, build, dist, etc.) otherwise. "
         "A pattern with no '/' (e.g. \"*.cpp\") matches the file's basename at any depth. "
         "A pattern containing '/' matches the full relative path; unless already anchored with "
-        "\"**/\" or a leading '/', it is automatically prefixed with \"**/\". "
-        "Use type=\"dir\" or \"all\" to also list directories; directory entries are suffixed with '/' in the "
-        "output. Note: directory listings do not apply .gitignore filtering.")
+        '"**/" or a leading \'/\', it is automatically prefixed with "**/". '
+        'Use type="dir" or "all" to also list directories; directory entries are suffixed with \'/\' in the '
+        "output. Note: directory listings do not apply .gitignore filtering."
+    )
 
     def parameters(self) -> dict[str, Any]:
-        return schema({
-            "path": ("string", "Base directory to search in"),
-            "include": ("string", "Glob pattern for files to include (e.g. \"*.cpp\" or \"src/**/*.cpp\"). "
-                                  "Default: **"),
-            "exclude": ("string", "Glob pattern for files to exclude"),
-            "type": ("string", "Entry type to return: \"file\" (default), \"dir\" or \"all\""),
-            "max_depth": ("integer", "Maximum depth to descend into subdirectories (default: 0 = unlimited; "
-                                     "1 = direct children only)"),
-            "limit": ("integer", f"Maximum number of results to return, capped at {GLOB_MAX_RESULTS} "
-                                 f"(default {GLOB_MAX_RESULTS})"),
-        }, ["path"])
+        return schema(
+            {
+                "path": ("string", "Base directory to search in"),
+                "include": (
+                    "string",
+                    'Glob pattern for files to include (e.g. "*.cpp" or "src/**/*.cpp"). Default: **',
+                ),
+                "exclude": ("string", "Glob pattern for files to exclude"),
+                "type": ("string", 'Entry type to return: "file" (default), "dir" or "all"'),
+                "max_depth": (
+                    "integer",
+                    "Maximum depth to descend into subdirectories (default: 0 = unlimited; "
+                    "1 = direct children only)",
+                ),
+                "limit": (
+                    "integer",
+                    f"Maximum number of results to return, capped at {GLOB_MAX_RESULTS} "
+                    f"(default {GLOB_MAX_RESULTS})",
+                ),
+            },
+            ["path"],
+        )
 
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         io = self.io(params)
@@ -59,24 +71,31 @@ class FileGlobSearch(BuiltinTool):
         try:
             kind = ListKind(type_)
         except ValueError:
-            return {"error": f"invalid type: {type_} (expected \"file\", \"dir\" or \"all\")"}
+            return {"error": f'invalid type: {type_} (expected "file", "dir" or "all")'}
         listing = io.list_entries(base, max_depth, kind)
         if listing.err:
             return {"error": f"{listing.err}: {path}"}
-        matches: list[ListEntry] = [e for e in listing.entries if path_glob_match(include, e.rel)
-                                    and not (exclude and path_glob_match(exclude, e.rel))]
+        matches: list[ListEntry] = [
+            e
+            for e in listing.entries
+            if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel))
+        ]
         shown = matches[:limit]
         text = "".join(e.rel + ("/" if e.is_dir else "") + "\n" for e in shown)
         text += f"\n---\nTotal matches: {len(matches)}\n"
         if len(matches) > len(shown):
-            text += (f"[{len(shown)} results limit reached ({len(matches)} total matches). Refine the glob pattern "
-                     "to narrow the search.]\n")
+            text += (
+                f"[{len(shown)} results limit reached ({len(matches)} total matches). "
+                "Refine the glob pattern to narrow the search.]\n"
+            )
         if listing.truncated:
             text += "[results truncated: time budget or unreadable directory]\n"
         # `base` is absolute, so a client (the web UI's picker) can join the relative entries
-        return {"plain_text_response": text,
-                "entries": [{"path": e.rel, "type": "dir" if e.is_dir else "file"} for e in shown],
-                "base": base}
+        return {
+            "plain_text_response": text,
+            "entries": [{"path": e.rel, "type": "dir" if e.is_dir else "file"} for e in shown],
+            "base": base,
+        }
 
 
 class GrepSearch(BuiltinTool):
@@ -88,21 +107,29 @@ class GrepSearch(BuiltinTool):
         "Automatically skips files ignored by .gitignore (when the directory is inside a git repo) "
         "and common junk directories (.git, node_modules, build, dist, etc.) otherwise. "
         "include/exclude: a pattern with no '/' matches the basename at any depth; a pattern "
-        "containing '/' matches the full relative path (auto-anchored with \"**/\" unless already anchored).")
+        "containing '/' matches the full relative path (auto-anchored with \"**/\" unless already anchored)."
+    )
 
     def parameters(self) -> dict[str, Any]:
-        return schema({
-            "path": ("string", "File or directory to search in"),
-            "pattern": ("string", "Pattern to search for (regular expression unless literal is true)"),
-            "include": ("string", "Glob pattern to filter files (default: **)"),
-            "exclude": ("string", "Glob pattern to exclude files"),
-            "return_line_numbers": ("boolean", "If true, include line numbers in results"),
-            "literal": ("boolean", "Treat pattern as a literal string instead of a regular expression "
-                                   "(default: false)"),
-            "ignore_case": ("boolean", "Case-insensitive search (default: false)"),
-            "context_lines": ("integer", "Number of lines of context to show before and after each match "
-                                         "(default: 0)"),
-        }, ["path", "pattern"])
+        return schema(
+            {
+                "path": ("string", "File or directory to search in"),
+                "pattern": ("string", "Pattern to search for (regular expression unless literal is true)"),
+                "include": ("string", "Glob pattern to filter files (default: **)"),
+                "exclude": ("string", "Glob pattern to exclude files"),
+                "return_line_numbers": ("boolean", "If true, include line numbers in results"),
+                "literal": (
+                    "boolean",
+                    "Treat pattern as a literal string instead of a regular expression (default: false)",
+                ),
+                "ignore_case": ("boolean", "Case-insensitive search (default: false)"),
+                "context_lines": (
+                    "integer",
+                    "Number of lines of context to show before and after each match (default: 0)",
+                ),
+            },
+            ["path", "pattern"],
+        )
 
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         path = required(params, "path", str)
@@ -129,8 +156,11 @@ class GrepSearch(BuiltinTool):
             listing = io.list_entries(abs_path, 0, ListKind.FILES)
             if listing.err:
                 return {"error": f"{listing.err}: {path}"}
-            files += [(posixpath.join(abs_path, e.rel), e.rel) for e in listing.entries
-                      if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel))]
+            files += [
+                (posixpath.join(abs_path, e.rel), e.rel)
+                for e in listing.entries
+                if path_glob_match(include, e.rel) and not (exclude and path_glob_match(exclude, e.rel))
+            ]
         else:
             return {"error": f"path does not exist: {path}"}
 
@@ -160,5 +190,7 @@ class GrepSearch(BuiltinTool):
                 total += 1
         text = "".join(out) + f"\n---\nTotal matches: {total}\n"
         if limit_reached:
-            text += f"[{GREP_MAX_RESULTS} matches limit reached. Narrow the path/pattern/include to see more.]\n"
+            text += (
+                f"[{GREP_MAX_RESULTS} matches limit reached. Narrow the path/pattern/include to see more.]\n"
+            )
         return {"plain_text_response": text}

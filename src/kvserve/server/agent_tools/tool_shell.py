@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from kvserve.server.agent_tools.builtin import BuiltinTool, schema
 from kvserve.server.agent_tools.params import optional, required
 from kvserve.server.agent_tools.registry import Emit
+from kvserve.server.agent_tools.tool_base import BuiltinTool, schema
 
 EXEC_MAX_OUTPUT = 16 * 1024
 EXEC_MAX_TIMEOUT_S = 60
@@ -23,11 +23,14 @@ class ExecShellCommand(BuiltinTool):
     description = "Execute a shell command and return its output (stdout and stderr combined)."
 
     def parameters(self) -> dict[str, Any]:
-        return schema({
-            "command": ("string", "Shell command to execute"),
-            "timeout": ("integer", f"Timeout in seconds (default 10, max {EXEC_MAX_TIMEOUT_S})"),
-            "max_output_size": ("integer", f"Maximum output size in bytes (default {EXEC_MAX_OUTPUT})"),
-        }, ["command"])
+        return schema(
+            {
+                "command": ("string", "Shell command to execute"),
+                "timeout": ("integer", f"Timeout in seconds (default 10, max {EXEC_MAX_TIMEOUT_S})"),
+                "max_output_size": ("integer", f"Maximum output size in bytes (default {EXEC_MAX_OUTPUT})"),
+            },
+            ["command"],
+        )
 
     def invoke(self, params: dict[str, Any], emit: Emit | None) -> Any:
         command = required(params, "command", str)
@@ -46,10 +49,16 @@ class ExecShellCommand(BuiltinTool):
 
             res = io.run(args, max_output, timeout, on_chunk)
             if alive[0]:
-                emit(f"\n[exit code: {res.exit_code}]" + (" [exit due to timed out]" if res.timed_out else ""))
+                emit(
+                    f"\n[exit code: {res.exit_code}]" + (" [exit due to timed out]" if res.timed_out else "")
+                )
             return None
         res = io.run(args, max_output, timeout)
-        text = res.output + f"\n[exit code: {res.exit_code}]" + (" [exit due to timed out]" if res.timed_out else "")
+        text = (
+            res.output
+            + f"\n[exit code: {res.exit_code}]"
+            + (" [exit due to timed out]" if res.timed_out else "")
+        )
         return {"plain_text_response": text}
 
 
