@@ -200,3 +200,68 @@ def test_act_mul_kernel_matches_reference(act, rows, n_ff):
     got = norm_kernel.act_mul(gu, n_ff, act)
     assert got.shape == (rows, n_ff) and got.dtype == gu.dtype
     assert _rel(got, ref) < (1e-5 if DTYPE == torch.float32 else 1e-2)
+
+
+def _cascade_setup(seed: int, groups: list[tuple[int, list[int]]], singles: list[int], hkv: int, d: int):
+    """Page tables where each group's members share their first ``shared`` pages' ids."""
+    gen = torch.Generator().manual_seed(seed)
+    need = sum(sp + sum(-(-n // PS) - sp for n in own) for sp, own in groups) + sum(-(-n // PS) for n in singles)
+    perm = torch.randperm(need + 3, generator=gen).tolist()
+    tables, lengths, i = [], [], 0
+    for sp, own in groups:
+        prefix = perm[i : i + sp]
+        i += sp
+        for n in own:
+            k = -(-n // PS) - sp
+            tables.append(prefix + perm[i : i + k])
+            lengths.append(n)
+            i += k
+    for n in singles:
+        k = -(-n // PS)
+        tables.append(perm[i : i + k])
+        lengths.append(n)
+        i += k
+    order = torch.randperm(len(tables), generator=gen).tolist()  # members need not be adjacent
+    tables, lengths = [tables[j] for j in order], [lengths[j] for j in order]
+    rows = (need + 3) * PS
+    kc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
+    vc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
+    width = max(len(t) for t in tables) + 1
+    table = torch.zeros(len(tables), width, dtype=torch.int32)
+    for r, t in enumerate(tables):
+        table[r, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return gen, tables, lengths, kc, vc, table.to(DEV)
+
+
+@pytest.mark.parametrize(
+    "seed,groups,singles,hkv,g,d,window",
+    [
+        (0, [(4, [70, 80, 65])], [20], 2, 2, 32, 0),  # (shared pages, member lengths)
+        (1, [(5, [81, 96, 150, 97]), (4, [70, 64 + 1])], [5, 33], 1, 8, 64, 0),  # two groups, G 8
+        (2, [(6, [100, 120])], [], 2, 4, 32, 40),  # a window hides part of the prefix
+        (3, [(4, [65] * 9)], [17], 4, 1, 32, 0),  # nine members of one key each past the prefix
+        (4, [(4, [90, 70])], [], 1, 4, 256, 24),  # Gemma 3's head_dim, window inside the own keys
+    ],
+)
+@pytest.mark.parametrize("shared_splits", [1, 3])
+def test_cascade_decode_matches_reference(seed, groups, singles, hkv, g, d, window, shared_splits):
+    """The shared prefix read once per group and merged by log-sum-exp equals plain decode."""
+    gen, tables, lengths, kc, vc, table = _cascade_setup(seed, groups, singles, hkv, d)
+    h = hkv * g
+    b = len(lengths)
+    q = torch.randn(b, h, d, generator=gen).to(DEV, DTYPE)
+    meta = attn.build_meta([(n - 1, 1, t) for n, t in zip(lengths, tables)], PS, DEV)
+    assert sum(dg.shared_rows is not None for dg in meta.decode) == len(groups)  # the reference cascades too
+    ref = attn.paged_attention(q, kc, vc, meta, window, d**-0.5)
+    found = attn.cascade_groups([(t, n) for t, n in zip(tables, lengths)], PS)
+    assert sorted(len(m) for m, _ in found) == sorted(len(own) for _, own in groups)
+    casc = tk.cascade_groups_tensor(found, lengths, DEV)
+    ws = tk.DecodeWorkspace(b, h, d, 2, DEV, shared_splits=shared_splits)
+    out = torch.full_like(q, float("nan"))
+    rows = _i32(list(range(b)))
+    tk.decode_attention(q, out, rows, kc, vc, table, rows, _i32(lengths), ws, PS, d**-0.5, window, cascade=casc)
+    assert not out.isnan().any()
+    assert _rel(out, ref) < TOL
+    plain = torch.full_like(q, float("nan"))
+    tk.decode_attention(q, plain, rows, kc, vc, table, rows, _i32(lengths), ws, PS, d**-0.5, window)
+    assert _rel(out, plain) < TOL

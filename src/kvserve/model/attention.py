@@ -260,18 +260,13 @@ def build_meta(
         else:
             prefill.append(PrefillSeq(q, n, start, pt.to(device)))
         q += n
-    groups: dict[int, list[int]] = {}  # first page -> members (in batch order)
-    for i, (table, _) in enumerate(dec_tables):
-        groups.setdefault(table[0] if table else -1, []).append(i)
     decode: list[DecodeGroup] = []
-    plain: list[int] = []
-    for members in groups.values():
+    grouped: set[int] = set()
+    for members, shared in cascade_groups(dec_tables, page_size):
         tables = [dec_tables[i] for i in members]
-        shared = _shared_pages(tables, page_size) * page_size if len(members) > 1 else 0
-        if shared >= CASCADE_MIN_SHARED:
-            decode.append(_decode_group([dec_idx[i] for i in members], tables, shared, page_size, device))
-        else:
-            plain.extend(members)
+        decode.append(_decode_group([dec_idx[i] for i in members], tables, shared, page_size, device))
+        grouped.update(members)
+    plain = [i for i in range(len(dec_tables)) if i not in grouped]
     if plain:
         plain.sort()
         tables = [dec_tables[i] for i in plain]
@@ -284,6 +279,24 @@ def build_meta(
         prefill=prefill,
         decode=decode,
     )
+
+
+def cascade_groups(tables: list[tuple[list[int], int]], page_size: int) -> list[tuple[list[int], int]]:
+    """Decoding sequences (page table, length) that share a prefix worth reading once: groups of
+    at least two with the same first page, as (member indices in order, shared tokens), the
+    shared part whole pages common to every member's table, at least ``CASCADE_MIN_SHARED``
+    tokens and short of each member's own last key. Every backend groups the same way."""
+    by_first: dict[int, list[int]] = {}
+    for i, (table, _) in enumerate(tables):
+        by_first.setdefault(table[0] if table else -1, []).append(i)
+    out = []
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        shared = _shared_pages([tables[i] for i in members], page_size) * page_size
+        if shared >= CASCADE_MIN_SHARED:
+            out.append((members, shared))
+    return out
 
 
 def _decode_group(

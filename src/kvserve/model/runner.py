@@ -114,8 +114,8 @@ class ModelRunner:
         single: tuple[torch.Tensor, dict[int, int]] | None = None  # one logits tensor of "last" rows
         if self.graphs is not None and self._graph_plan(plan):
             bucket = self.graphs.bucket(len(plan.chunks))
-            if bucket is not None:
-                seqs = [StepSeq(c.seq_id, c.start_pos, 1, c.page_table) for c in plan.chunks]
+            seqs = [StepSeq(c.seq_id, c.start_pos, 1, c.page_table) for c in plan.chunks]
+            if bucket is not None and not self.backend.prefers_eager(seqs):
                 with record_function("kvserve.graph_replay"):
                     logits = self.graphs.run(bucket, seqs, [c.tokens[0] for c in plan.chunks])
                 out = {c.seq_id: logits[i : i + 1] for i, c in enumerate(plan.chunks)}

@@ -48,6 +48,11 @@ class AttentionBackend(ABC):
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
         """Per-step inputs on the device: (token ids [T], the step's attention state)."""
 
+    def prefers_eager(self, seqs: list[StepSeq]) -> bool:
+        """Whether a decode step of ``seqs`` that a CUDA graph could replay should run eagerly
+        instead (a path the graphs lack pays off for it)."""
+        return False
+
     # -- CUDA graph hooks (backends with supports_graphs) ----------------------------------------
     def graph_step(self, bucket: int) -> tuple[torch.Tensor, AttentionStep]:
         """Static (ids, step) for a decode step of ``bucket`` sequences, used at capture."""

@@ -6,6 +6,12 @@ data. Single-token chunks take the split-K decode kernel; longer chunks take the
 (a chunk over its cached prefix and itself). Each layer runs three kernels: RoPE fused with the
 KV write, then decode and/or extend attention.
 
+Decoding sequences whose page tables start with the same pages (``attention.cascade_groups``,
+the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``) on the eager
+path. ``KVSERVE_CASCADE=0`` turns that off, ``1`` makes every decode step with a group run
+eagerly (graphs lack the path); by default a step leaves its graph only when the KV reads it
+saves (bytes of the prefix times the extra members) reach ``KVSERVE_CASCADE_EAGER_GB`` (16).
+
 For CUDA graphs, decode steps of up to ``bucket`` sequences use static buffers
 ``[ids | positions | rows | lengths]`` (one section of ``max_bucket`` each, then room for
 page-table updates) filled by one copy per replay; padding rows point at the scratch row.
@@ -13,8 +19,11 @@ page-table updates) filled by one copy per replay; padding rows point at the scr
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from ..attention import cascade_groups
 from ..config import ModelConfig
 from ..kv_store import PagedKVStore
 from ..rope import RopeTables
@@ -26,8 +35,9 @@ _UPDATE_ROOM = 4096  # page-table updates that ride in the graph input copy
 
 
 class _Decode:
-    def __init__(self, q_rows: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, ws: tk.DecodeWorkspace) -> None:
-        self.q_rows, self.rows, self.lens, self.ws = q_rows, rows, lens, ws
+    def __init__(self, q_rows: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor, ws: tk.DecodeWorkspace,
+                 cascade: tk.CascadeGroups | None = None) -> None:
+        self.q_rows, self.rows, self.lens, self.ws, self.cascade = q_rows, rows, lens, ws, cascade
 
 
 class _Extend:
@@ -58,7 +68,8 @@ class TritonStep(AttentionStep):
         window, scale = cfg.layer_window(layer), cfg.attn_scale
         d = self.decode
         if d is not None:
-            tk.decode_attention(q, out, d.q_rows, kc, vc, table, d.rows, d.lens, d.ws, ps, scale, window)
+            tk.decode_attention(q, out, d.q_rows, kc, vc, table, d.rows, d.lens, d.ws, ps, scale, window,
+                                cascade=d.cascade)
         e = self.extend
         if e is not None:
             tk.extend_attention(q, out, kc, vc, table, e.rows, e.q_start, e.q_len, e.kv_len, e.max_q, ps,
@@ -83,6 +94,31 @@ class TritonBackend(AttentionBackend):
         self._graph_dev: torch.Tensor | None = None
         self._graph_ws: dict[int, tk.DecodeWorkspace] = {}
         self._graph_host = StepBuffer(0, kv.device)
+        self.cascade_mode = os.environ.get("KVSERVE_CASCADE", "auto").strip().lower()
+        self.cascade_eager_bytes = float(os.environ.get("KVSERVE_CASCADE_EAGER_GB", "16")) * 1e9
+        self.n_cascade_steps = 0  # decode steps that read a shared prefix once (observability)
+
+    def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
+        """Cascade groups of the decoding (single-token) sequences, indices in decode order."""
+        if self.cascade_mode == "0":
+            return []
+        dec = [(list(s.page_table), s.start + 1) for s in seqs if s.n == 1]
+        return cascade_groups(dec, self.kv.page_size) if len(dec) > 1 else []
+
+    def prefers_eager(self, seqs: list[StepSeq]) -> bool:
+        groups = self._groups(seqs)
+        if not groups:
+            return False
+        if self.cascade_mode == "1":
+            return True
+        saved = sum((len(m) - 1) * shared for m, shared in groups) * self.kv.bytes_per_page / self.kv.page_size
+        return saved >= self.cascade_eager_bytes
+
+    def shared_splits(self, n_groups: int, max_rows: int, max_shared: int) -> int:
+        """Splits of the shared prefix: about two programs per multiprocessor, 256 keys each at least."""
+        n_mb = -(-max_rows // 64)
+        want = -(-2 * self.n_sm // max(1, n_groups * n_mb * self.cfg.n_head_kv))
+        return max(1, min(want, 32, -(-max_shared // 256)))
 
     def num_splits(self, batch: int, max_len: int) -> int:
         """Enough (batch, kv head, split) programs for two per multiprocessor, at least 64 keys each
@@ -109,16 +145,32 @@ class TritonBackend(AttentionBackend):
                 e_len.append(s.n)
                 e_kv.append(s.start + s.n)
             q += s.n
-        parts = [ids, positions, tok_rows, d_q, d_rows, d_lens, e_rows, e_start, e_len, e_kv, idx, val]
+        groups = self._groups(seqs) if len(d_q) > 1 else []
+        casc: list[list[int]] = [[], [], [], [], []]
+        width = 0
+        if groups:
+            casc, width = tk.cascade_lists(groups, d_lens)
+        parts = [ids, positions, tok_rows, d_q, d_rows, d_lens, e_rows, e_start, e_len, e_kv, idx, val, *casc]
         host, spans = self.buf.pack(parts)
         dev = self.buf.send(host, spans[-1][0] + spans[-1][1])
         v = [dev[o : o + n] for o, n in spans]
         self.pt.apply(v[10], v[11])
         decode = extend = None
         if d_q:
-            ws = tk.DecodeWorkspace(len(d_q), self.cfg.n_head, self.cfg.head_dim,
-                                    self.num_splits(len(d_q), max(d_lens)), self.device)
-            decode = _Decode(v[3], v[4], v[5], ws)
+            cfg = self.cfg
+            cascade = None
+            own = d_lens
+            sh_splits = 0
+            if groups:
+                members = v[12].view(len(groups), width)
+                cascade = tk.CascadeGroups(members, v[13], v[14], v[15], v[16], width)
+                own = [n - st for n, st in zip(d_lens, casc[4])]
+                sh_splits = self.shared_splits(len(groups), width * (cfg.n_head // cfg.n_head_kv),
+                                               max(sh for _, sh in groups))
+                self.n_cascade_steps += 1
+            ws = tk.DecodeWorkspace(len(d_q), cfg.n_head, cfg.head_dim, self.num_splits(len(d_q), max(own)),
+                                    self.device, shared_splits=sh_splits)
+            decode = _Decode(v[3], v[4], v[5], ws, cascade)
         if e_rows:
             extend = _Extend(v[6], v[7], v[8], v[9], max(e_len))
         return v[0], TritonStep(self, v[1], v[2], decode, extend)

@@ -10,6 +10,12 @@ sequence lives in row ``table[seq_row, p // PS] * PS + p % PS`` of the int32 pag
   K/V read once per group) over an equal share of the visible keys, keeping log-sum-exp
   partials; a second kernel merges the splits. The split length follows each sequence's length
   on the device, so the grid depends only on the batch (CUDA-graph friendly).
+- ``cascade`` (``decode_attention`` with a ``CascadeGroups``): decoding sequences whose page
+  tables start with the same pages read that shared prefix once per group: program (group,
+  query block, kv head, split) attends every query head of every member (rows = member x G) to
+  the prefix with one tensor-core dot per key block, writing log-sum-exp partials beside the
+  split kernel's (which then reads only each sequence's own keys after the prefix); the merge
+  kernel combines both. All per-group inputs live on the device.
 - ``extend_attention``: a chunk of q_len queries at positions [kv_len - q_len, kv_len) over its
   cached prefix and itself (causal offset kv_len - q_len), with sliding windows.
 
@@ -108,9 +114,10 @@ def rope_write(
 @triton.jit
 def _decode_split_kernel(
     q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
-    mid_o_ptr, mid_lse_ptr, qk_scale, window, num_splits,
+    seq_starts_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, window, num_splits, split_stride,
     H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    HAS_START: tl.constexpr,
 ):
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -118,6 +125,8 @@ def _decode_split_kernel(
     length = tl.load(seq_lens_ptr + b)
     row = tl.load(seq_rows_ptr + b).to(tl.int64)
     lo = tl.maximum(length - window, 0)
+    if HAS_START:  # keys below the sequence's start are a shared prefix read by the cascade kernel
+        lo = tl.maximum(lo, tl.load(seq_starts_ptr + b))
     per = tl.cdiv(tl.cdiv(length - lo, num_splits), BLOCK_N) * BLOCK_N
     s0 = lo + sp * per
     s1 = tl.minimum(length, s0 + per)
@@ -151,22 +160,88 @@ def _decode_split_kernel(
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     hq = hk * G + g
-    base = (b.to(tl.int64) * H + hq) * num_splits + sp
+    base = (b.to(tl.int64) * H + hq) * split_stride + sp
     tl.store(mid_o_ptr + base[:, None] * D + d[None, :], out, mask=mq)
     tl.store(mid_lse_ptr + base, lse, mask=g < G)
 
 
 @triton.jit
+def _shared_prefix_kernel(
+    q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
+    grp_members_ptr, grp_n_ptr, grp_shared_ptr, grp_minlen_ptr, members_stride, n_mblocks,
+    mid_o_ptr, mid_lse_ptr, qk_scale, window, split_stride, own_splits, shared_splits,
+    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    gi = pid // n_mblocks
+    mb = pid % n_mblocks
+    hk = tl.program_id(1)
+    sp = tl.program_id(2)
+    n_mem = tl.load(grp_n_ptr + gi)
+    shared = tl.load(grp_shared_ptr + gi)
+    # keys below (shortest member's length - window) are outside every member's window
+    lo = tl.minimum(tl.maximum(tl.load(grp_minlen_ptr + gi) - window, 0), shared)
+    per = tl.cdiv(tl.cdiv(shared - lo, shared_splits), BLOCK_N) * BLOCK_N
+    s0 = lo + sp * per
+    s1 = tl.minimum(shared, s0 + per)
+    s1 = tl.where(mb * BLOCK_M < n_mem * G, s1, s0)  # no rows in this block: no keys either
+    r = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    mem = r // G
+    j = r % G
+    rvalid = mem < n_mem
+    bidx = tl.load(grp_members_ptr + gi * members_stride + mem, mask=rvalid, other=0)
+    qrow = tl.load(q_rows_ptr + bidx, mask=rvalid, other=0).to(tl.int64)
+    qpos = tl.load(seq_lens_ptr + bidx, mask=rvalid, other=1) - 1
+    prow = tl.load(seq_rows_ptr + tl.load(grp_members_ptr + gi * members_stride)).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    mq = rvalid[:, None] & (d[None, :] < D)
+    q = tl.load(q_ptr + qrow[:, None] * (H * D) + (hk * G + j)[:, None] * D + d[None, :], mask=mq, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n_off = tl.arange(0, BLOCK_N)
+    for start in range(s0, s1, BLOCK_N):
+        tok = start + n_off
+        valid = tok < s1
+        page = tl.load(table_ptr + prow * table_stride + tok // PS, mask=valid, other=0)
+        slot = page.to(tl.int64) * PS + tok % PS
+        kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
+        mkv = valid[:, None] & (d[None, :] < D)
+        k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        vis = valid[None, :] & ((qpos[:, None] - tok[None, :]) < window)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    base = (bidx.to(tl.int64) * H + hk * G + j) * split_stride + own_splits + sp
+    tl.store(mid_o_ptr + base[:, None] * D + d[None, :], out, mask=mq)
+    tl.store(mid_lse_ptr + base, lse, mask=rvalid)
+
+
+@triton.jit
 def _decode_merge_kernel(
-    mid_o_ptr, mid_lse_ptr, out_ptr, q_rows_ptr, num_splits,
+    mid_o_ptr, mid_lse_ptr, out_ptr, q_rows_ptr, seq_starts_ptr, split_stride, num_splits, own_splits,
     H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_START: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
     sp = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    base = (b.to(tl.int64) * H + h) * num_splits
+    base = (b.to(tl.int64) * H + h) * split_stride
     ms = sp < num_splits
+    if HAS_START:  # the shared-prefix partials exist only for members of a group
+        ms = ms & ((sp < own_splits) | (tl.load(seq_starts_ptr + b) > 0))
     lse = tl.load(mid_lse_ptr + base + sp, mask=ms, other=float("-inf"))
     m = tl.max(lse, 0)
     w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - m))
@@ -187,22 +262,63 @@ def _window(window: int) -> int:
 
 
 class DecodeWorkspace:
-    """Split partials for up to ``max_b`` sequences: [max_b, H, num_splits, D] and lse."""
+    """Split partials for up to ``max_b`` sequences: [max_b, H, num_splits + shared_splits, D]
+    and lse (the last ``shared_splits`` slots hold the cascade kernel's shared-prefix partials)."""
 
-    def __init__(self, max_b: int, n_head: int, head_dim: int, num_splits: int, device: torch.device) -> None:
+    def __init__(self, max_b: int, n_head: int, head_dim: int, num_splits: int, device: torch.device,
+                 shared_splits: int = 0) -> None:
         self.num_splits = num_splits
-        self.mid_o = torch.empty((max_b, n_head, num_splits, head_dim), dtype=torch.float32, device=device)
-        self.mid_lse = torch.empty((max_b, n_head, num_splits), dtype=torch.float32, device=device)
+        self.shared_splits = shared_splits
+        n = num_splits + shared_splits
+        self.mid_o = torch.empty((max_b, n_head, n, head_dim), dtype=torch.float32, device=device)
+        self.mid_lse = torch.empty((max_b, n_head, n), dtype=torch.float32, device=device)
+
+
+class CascadeGroups:
+    """Decoding sequences sharing a prefix, as device tensors (int32), indices into the decode
+    batch: ``members`` [n_groups, max_members] (padded), ``n`` members, ``shared`` prefix
+    tokens and ``minlen`` (shortest member length) per group, and ``starts`` [B]: the first key
+    each sequence reads itself (its group's prefix length, 0 outside any group).
+    ``max_rows`` = the most members of a group times G bounds the query blocks."""
+
+    def __init__(self, members: torch.Tensor, n: torch.Tensor, shared: torch.Tensor, minlen: torch.Tensor,
+                 starts: torch.Tensor, max_members: int) -> None:
+        self.members, self.n, self.shared, self.minlen, self.starts = members, n, shared, minlen, starts
+        self.max_members = max_members
+
+
+def cascade_lists(groups: list[tuple[list[int], int]], lengths: list[int]) -> tuple[list[list[int]], int]:
+    """The int lists of a ``CascadeGroups`` for ``attention.cascade_groups``' result over a decode
+    batch with these key counts: ([members (flat, padded to max_members) , n, shared, minlen,
+    starts], max_members)."""
+    width = max(len(m) for m, _ in groups)
+    members: list[int] = []
+    starts = [0] * len(lengths)
+    for m, shared in groups:
+        members += m + [m[0]] * (width - len(m))
+        for i in m:
+            starts[i] = shared
+    return ([members, [len(m) for m, _ in groups], [sh for _, sh in groups],
+             [min(lengths[i] for i in m) for m, _ in groups], starts], width)
+
+
+def cascade_groups_tensor(groups: list[tuple[list[int], int]], lengths: list[int], device: torch.device
+                          ) -> CascadeGroups:
+    lists, width = cascade_lists(groups, lengths)
+    t = [torch.tensor(x, dtype=torch.int32, device=device) for x in lists]
+    return CascadeGroups(t[0].view(len(groups), width), t[1], t[2], t[3], t[4], width)
 
 
 def decode_attention(
     q: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace,
     page_size: int, scale: float, window: int, block_n: int | None = None, num_warps: int = 4,
-    num_stages: int = 2,
+    num_stages: int = 2, cascade: CascadeGroups | None = None,
 ) -> None:
     """out[q_rows[b]] = attention of q[q_rows[b]] over keys [max(0, L_b - window), L_b) of sequence b.
 
+    With ``cascade`` (and ``ws.shared_splits`` > 0), each group's shared prefix is read once for
+    all its members and merged with their own keys by log-sum-exp: the same result.
     ``block_n`` (keys per inner step) defaults to 128 for head_dim <= 64 when the batch alone fills
     the GPU (measured faster on an H200 by bench/attn_kernels.py), else 64."""
     b = seq_lens.shape[0]
@@ -214,16 +330,33 @@ def decode_attention(
         block_n = 128 if d <= 64 and b * hkv >= 128 else 64
     g = h // hkv
     ns = ws.num_splits
+    cas = cascade is not None and ws.shared_splits > 0
+    total = ns + (ws.shared_splits if cas else 0)
+    starts = cascade.starts if cas else seq_lens  # (unused without HAS_START)
     _decode_split_kernel[(b, hkv, ns)](
-        q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
-        ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ns,
+        q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens, starts,
+        ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ns, ws.mid_lse.shape[2],
         H=h, HKV=hkv, G=g, D=d, PS=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n,
-        PREC=_precision(q), num_warps=num_warps, num_stages=num_stages,
+        PREC=_precision(q), HAS_START=cas, num_warps=num_warps, num_stages=num_stages,
     )
+    if cas:
+        assert cascade is not None
+        block_d = triton.next_power_of_2(d)
+        rows = cascade.max_members * g
+        block_m = 64 if rows > 32 else (32 if rows > 16 else 16)
+        n_mb = triton.cdiv(rows, block_m)
+        n_groups = cascade.n.shape[0]
+        _shared_prefix_kernel[(n_groups * n_mb, hkv, ws.shared_splits)](
+            q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
+            cascade.members, cascade.n, cascade.shared, cascade.minlen, cascade.members.stride(0), n_mb,
+            ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ws.mid_lse.shape[2], ns, ws.shared_splits,
+            H=h, HKV=hkv, G=g, D=d, PS=page_size, BLOCK_M=block_m, BLOCK_N=64 if block_d <= 128 else 32,
+            BLOCK_D=block_d, PREC=_precision(q), num_warps=8 if block_d >= 256 else 4, num_stages=2,
+        )
     _decode_merge_kernel[(b, h)](
-        ws.mid_o, ws.mid_lse, out, q_rows, ns,
-        H=h, D=d, BLOCK_S=triton.next_power_of_2(ns), BLOCK_D=triton.next_power_of_2(d),
+        ws.mid_o, ws.mid_lse, out, q_rows, starts, ws.mid_lse.shape[2], total, ns,
+        H=h, D=d, BLOCK_S=triton.next_power_of_2(total), BLOCK_D=triton.next_power_of_2(d), HAS_START=cas,
     )
 
 
