@@ -30,6 +30,7 @@ from kvserve.args import (
     process_escapes,
 )
 from kvserve.grammar.spec import GrammarSpec
+from kvserve.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
 from kvserve.model.files import DEFAULT_MODEL_FILE
 
 __all__ = [
@@ -89,6 +90,8 @@ class ServerConfig:
     mcp_proxy: bool = False  # --ui-mcp-proxy or -ag: GET/POST /cors-proxy forwards requests
     tools: tuple[str, ...] = ()  # --tools CSV as given ("all" for -ag); empty = no built-in tools
     tools_runtime: str = ""  # --tools-runtime spec ("" = the host)
+    # --mcp-servers-config FILE, then --mcp-servers-json: the MCP servers whose tools /tools serves
+    mcp_servers: tuple[McpServerConfig, ...] = ()
     # features enabled by a flag kvserve accepts but lacks: feature -> message for the 400 answer
     unsupported_features: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # --grammar/--grammar-file/-j/-jf: the grammar of every request that sets none
@@ -350,6 +353,12 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         note("warn: --cache-idle-slots requires --cache-ram (it is 0); disabling --cache-idle-slots")
         cache_idle_slots = False
 
+    try:
+        mcp_servers = load_mcp_servers(v["mcp_servers_config"] or None, v["mcp_servers_json"] or None,
+                                       lambda m: note(f"warn: {m}"))
+    except McpConfigError as e:
+        raise ConfigError(f"error: MCP starting failed: {e}") from None
+
     static_path: str | None = v["static_path"] or None
     if v["ui"] and static_path and not os.path.isdir(static_path):
         raise ConfigError(f"error: static assets path not found: {static_path}")
@@ -381,6 +390,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         mcp_proxy=bool(v["ui_mcp_proxy"] or v["agent"]),
         tools=("all",) if v["agent"] else tuple(t for t in parse_csv_row(v["tools"] or "") if t),
         tools_runtime=v["tools_runtime"] or "",
+        mcp_servers=mcp_servers,
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
         grammar_default=_grammar_default(v),
     )

@@ -22,9 +22,6 @@ def test_tools_and_cors_proxy_endpoints() -> None:
         assert r.status_code == 403 and r.json() == {
             "error": {"message": "this feature is disabled", "type": "feature_disabled"}
         }
-    c, _ = _http("--mcp-servers-json", '{"mcpServers": {}}')
-    r = c.post("/tools", json={})
-    assert r.status_code == 400 and "--mcp-servers-json" in r.json()["error"]["message"]
 
 
 def test_tools_flag_makes_cors_default_localhost() -> None:

@@ -158,9 +158,10 @@ defaults, parsed with llama.cpp's rules:
 Every flag llama-server accepts starts kvserve. Where kvserve lacks the feature a flag enables
 or tunes, the flag **warns**: it is accepted with one start-up line
 `warn: <flag> is accepted but has no effect in kvserve: <reason>`, and a request that would use
-the feature gets a 400 naming it (`/tools` with only `--mcp-servers-*` answers 400 too; `/cors-proxy` with `--ui-mcp-proxy` or `-ag` is the MCP CORS proxy,
-which forwards only the headers named `x-llama-server-proxy-header-NAME`). `--tools` (or `-ag`)
-serves llama-server's built-in agent tools at `GET/POST /tools` (see "Agent tools" below). Only a value that would silently change every answer (another
+the feature gets a 400 naming it. `/cors-proxy` with `--ui-mcp-proxy` or `-ag` is the MCP CORS
+proxy, which forwards only the headers named `x-llama-server-proxy-header-NAME`. `--tools` (or
+`-ag`) serves llama-server's built-in agent tools at `GET/POST /tools` (see "Agent tools" below),
+MCP servers add theirs. Only a value that would silently change every answer (another
 model, RoPE overrides, adapters applied to every request, control vectors, the adaptive-p
 sampler) is **refused**: it stops kvserve with `error: <flag> is not supported by kvserve:
 <reason>` and exit status 1. Values at the default are always accepted. Some implemented flags
@@ -180,6 +181,19 @@ Context checkpoints (`--ctx-checkpoints`, `--checkpoint-min-step`): llama-server
 KV state of SWA and recurrent layers so a later request can resume from a checkpoint. kvserve's
 shared paged cache keeps the full KV of every layer for every cached token, so any cached prefix
 can be resumed directly and checkpoints are not needed.
+
+MCP servers (`--mcp-servers-config FILE`, `--mcp-servers-json JSON`, both Cursor's
+`{{"mcpServers": {{NAME: {{"command", "args", "env", "cwd", "timeout_ms"}}}}}}`): as in llama-server,
+each server is a child process speaking JSON-RPC over stdio. At start-up, before the server
+listens, each one is spawned, asked for its tools (at most 10 s) and stopped; `GET /tools` lists
+them as `NAME_TOOL` (type `mcp`, the server's `inputSchema` as the function's `parameters`)
+after the built-in tools, and `POST /tools` `{{"tool", "params"}}` calls one in a process that is
+kept for later calls (respawned when it died, 5 s before retrying one that could not start),
+answering 200 with `{{"plain_text_response": TEXT}}` or `{{"error": MESSAGE}}` (an error reply, an
+`isError` result, `timeout_ms` passed). Calls may run concurrently (replies are matched by id).
+Stopping the server ends calls in flight (`{{"error": "cancelled"}}`) and each server's whole
+process group. Invalid JSON or a config file that cannot be read stops start-up (exit 1); a
+server that cannot start only loses its tools.
 """
 
 

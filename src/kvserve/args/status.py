@@ -28,7 +28,6 @@ _SPECULATIVE = "speculative decoding is not supported"
 _ROUTER = "router mode (several models) is not supported; kvserve serves one model"
 _LORA = "LoRA adapters are not supported"
 _FIT = "automatic memory fitting is not implemented; size the KV pool with -c"
-_AGENT = "MCP servers are not supported (the built-in tools and the MCP CORS proxy are)"
 _LOGFMT = "the log line format is fixed"
 _TLS = "HTTPS is not supported; terminate TLS in a reverse proxy"
 _LORA_APPLIED = ("LoRA adapters are not supported (llama-server would apply them to every request; "
@@ -78,8 +77,6 @@ WARNED: dict[str, str] = {
     "mmproj_url": _MULTIMODAL,
     "mmproj_auto": _MULTIMODAL,
     "media_path": _MULTIMODAL,
-    "mcp_servers_config": _AGENT,
-    "mcp_servers_json": _AGENT,
     "ctx_checkpoints": _CHECKPOINTS,
     "checkpoint_min_step": _CHECKPOINTS,
     "sleep_idle_seconds": "idle sleeping (unloading the model) is not implemented",
@@ -125,9 +122,7 @@ WARNED: dict[str, str] = {
 }
 
 # What a request that would use a warned flag's feature is told (400): feature -> (flags, why).
-FEATURES: dict[str, tuple[tuple[str, ...], str]] = {
-    "tools": (("mcp_servers_config", "mcp_servers_json"), _AGENT),
-}
+FEATURES: dict[str, tuple[tuple[str, ...], str]] = {}
 
 KV_CACHE_TYPES_SUPPORTED = ("f32", "f16", "bf16")
 

@@ -211,9 +211,11 @@ _ROWS: tuple[FlagSpec, ...] = (
       env="LLAMA_ARG_TOOLS_RUNTIME", notes="docker:IMAGE / podman:IMAGE (a container spawned at start and "
       "removed at exit), docker-container:ID / podman-container:ID, ssh:TARGET"),
     R("--mcp-servers-config", "mcp_servers_config", S, "JSON file of MCP servers", hint="PATH",
-      env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
+      env="LLAMA_ARG_MCP_SERVERS_CONFIG",
+      notes="stdio MCP servers whose tools /tools serves (see MCP servers above); a missing file is fatal"),
     R("--mcp-servers-json", "mcp_servers_json", S, "inline JSON of MCP servers", hint="JSON",
-      env="LLAMA_ARG_MCP_SERVERS_JSON"),
+      env="LLAMA_ARG_MCP_SERVERS_JSON",
+      notes="as --mcp-servers-config, after its servers (a repeated name is skipped); invalid JSON is fatal"),
     # --- model presets (download models: refused) ----------------------------------------------
     *(R(f"--{name}", name.replace("-", "_").replace(".", "_"), V, f"model preset {name}")
       for name in PRESET_NAMES),

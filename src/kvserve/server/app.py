@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import kvserve
+from kvserve.mcp import McpManager
 from kvserve.server import agent_tools, routes_generate, routes_misc, vertex, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
@@ -37,9 +38,10 @@ def settings_for(engine: EngineAPI, cfg: Any) -> ServerSettings:
     return ServerSettings.from_config(cfg, n_slots=getattr(engine, "n_slots", None))
 
 
-def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
+def create_app(engine: EngineAPI, cfg: Any, mcp: McpManager | None = None) -> FastAPI:
     """``cfg``: a ``kvserve.config.ServerConfig`` (read through ``ServerSettings.from_config``)
-    or a ``ServerSettings``."""
+    or a ``ServerSettings``. ``mcp``: the MCP servers, warmed up (by default a manager of the
+    configured servers that has not looked for their tools yet)."""
     s = settings_for(engine, cfg)
     app = FastAPI(
         title="kvserve",
@@ -51,7 +53,8 @@ def create_app(engine: EngineAPI, cfg: Any) -> FastAPI:
     app.state.engine = engine
     app.state.settings = s
     app.state.t_start = time.time()
-    app.state.agent_tools = agent_tools.setup(s)  # None: /tools answers 403; close() at shutdown
+    app.state.mcp = mcp if mcp is not None else McpManager(s.mcp_servers)  # shut down by http_server
+    app.state.agent_tools = agent_tools.setup(s, app.state.mcp)  # None: /tools answers 403; close() at shutdown
 
     routers = [routes_misc.make_router(s.api_prefix), routes_generate.make_router(s.api_prefix)]
     for router in routers:

@@ -2,10 +2,13 @@
 
 ``--host`` is a CSV list; entries ending in ``.sock`` are UNIX sockets; with several TCP
 addresses IPv6 sockets are v6-only; ``--port 0`` (any free port) needs a single TCP host.
+The MCP servers' tools are discovered before the server listens (as llama-server does); when
+it stops, MCP calls in flight end first, so that draining the connections does not wait on them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -13,6 +16,7 @@ from typing import Any
 
 import uvicorn
 
+from kvserve.mcp import McpManager
 from kvserve.server.app import create_app, settings_for
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.settings import ServerSettings
@@ -60,11 +64,26 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
-def build_server(engine: EngineAPI, cfg: Any) -> tuple[uvicorn.Server, list[socket.socket], ServerSettings]:
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, mcp: McpManager) -> None:
+        super().__init__(config)
+        self.mcp = mcp
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.mcp.shutdown()
+        await super().shutdown(sockets)
+
+
+def build_server(engine: EngineAPI, cfg: Any, *, warm_up: bool = False
+                 ) -> tuple[uvicorn.Server, list[socket.socket], ServerSettings]:
     """The uvicorn server and its bound sockets (``await server.serve(sockets=...)`` to run
-    inside an existing event loop)."""
+    inside an existing event loop). ``warm_up`` (outside any running loop): the MCP servers'
+    tools are discovered first."""
     s = settings_for(engine, cfg)
-    app = create_app(engine, s)
+    mcp = McpManager(s.mcp_servers)
+    if warm_up and mcp.configured:
+        asyncio.run(mcp.warm_up())
+    app = create_app(engine, s, mcp)
     level = "warning" if s.verbosity <= 2 else ("info" if s.verbosity == 3 else "debug")
     config = uvicorn.Config(
         app,
@@ -75,12 +94,12 @@ def build_server(engine: EngineAPI, cfg: Any) -> tuple[uvicorn.Server, list[sock
         proxy_headers=False,
     )
     sockets = bind_sockets(s.host, s.port, s.reuse_port)
-    return uvicorn.Server(config), sockets, s
+    return _Server(config, mcp), sockets, s
 
 
 def serve(engine: EngineAPI, cfg: Any) -> None:
     """Serve until SIGINT/SIGTERM (blocking)."""
-    server, sockets, s = build_server(engine, cfg)
+    server, sockets, s = build_server(engine, cfg, warm_up=True)
     for sock in sockets:
         log.info("server is listening on %s", _url(sock) + s.api_prefix)
     if not s.ui:

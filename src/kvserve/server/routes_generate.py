@@ -84,18 +84,15 @@ def make_router(prefix: str) -> APIRouter:
             st = request.app.state
             return JSONResponse(await rerank.compute(st.engine, st.settings, await read_object(request)))
 
-    # Agent endpoints: 403 when not enabled, as in llama-server; /tools is a 400 when only a flag kvserve
-    # lacks asked for it.
+    # Agent endpoints: 403 when not enabled (no --tools, -ag or MCP server; no --ui-mcp-proxy), as in
+    # llama-server.
     async def tools_endpoint(request: Request) -> Response:
         registry = request.app.state.agent_tools
-        if registry is not None:
-            if request.method == "GET":
-                return agent_route.list_tools(registry)
-            return await agent_route.call_tool(request, registry)
-        why = request.app.state.settings.unsupported_features.get("tools")
-        if why is not None:
-            raise unsupported_feature("/tools", why)
-        return feature_disabled()
+        if registry is None:
+            return feature_disabled()
+        if request.method == "GET":
+            return agent_route.list_tools(registry)
+        return await agent_route.call_tool(request, registry)
 
     async def cors_proxy_endpoint(request: Request) -> Response:
         if not request.app.state.settings.mcp_proxy:

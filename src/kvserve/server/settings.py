@@ -16,6 +16,7 @@ from typing import Any
 
 import kvserve
 from kvserve.grammar.spec import GrammarSpec
+from kvserve.mcp.config import McpServerConfig
 from kvserve.server.vertex import VertexSettings, from_env
 
 # Request-field name -> llama-server default (common_params_sampling and task params).
@@ -150,6 +151,7 @@ class ServerSettings:
     mcp_proxy: bool = False  # --ui-mcp-proxy / -ag: /cors-proxy forwards (server/cors_proxy.py)
     tools: tuple[str, ...] = ()  # --tools names ("all"; -ag): built-in agent tools (server/agent_tools/)
     tools_runtime: str = ""  # --tools-runtime spec: the isolate the tools run in
+    mcp_servers: tuple[McpServerConfig, ...] = ()  # --mcp-servers-*: their tools are served by /tools
     unsupported_features: dict[str, str] = field(default_factory=dict)
     grammar: GrammarSpec | None = None  # --grammar/--grammar-file/-j/-jf: every request's default
     vertex: VertexSettings | None = None  # AIP_MODE=PREDICTION: the Vertex AI predict route (server/vertex.py)
@@ -238,6 +240,7 @@ class ServerSettings:
             mcp_proxy=bool(_pick(cfg, False, "mcp_proxy")),
             tools=_csv(_pick(cfg, (), "tools")),
             tools_runtime=str(_pick(cfg, "", "tools_runtime") or ""),
+            mcp_servers=tuple(_pick(cfg, (), "mcp_servers")),
             unsupported_features=dict(_pick(cfg, {}, "unsupported_features")),
             slots_debug=os.environ.get("LLAMA_SERVER_SLOTS_DEBUG", "0") not in ("", "0"),
             grammar=_pick(cfg, None, "grammar_default", "sampling.grammar_default"),

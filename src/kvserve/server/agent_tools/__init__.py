@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kvserve.mcp import McpManager
 from kvserve.server.agent_tools.builtin import BuiltinProvider, UnknownTool
 from kvserve.server.agent_tools.io_isolate import ToolRuntimeError
+from kvserve.server.agent_tools.mcp_provider import McpToolProvider
 from kvserve.server.agent_tools.registry import Tool, ToolNotFound, ToolParamError, ToolProvider, ToolRegistry
 
 __all__ = [
@@ -28,10 +30,10 @@ class ToolSetupError(RuntimeError):
     """Start-up stops: ``tools setup failed: <why>`` (an unknown tool name, an unusable runtime)."""
 
 
-def setup(settings: Any) -> ToolRegistry | None:
-    """The registry for ``settings.tools`` (``--tools`` names; ``all``) and ``settings.tools_runtime``;
-    None when no tool source is configured. Other providers (MCP servers) are added here too, each
-    naming itself in ``features`` for llama-server's start-up security warning."""
+def setup(settings: Any, mcp: McpManager | None = None) -> ToolRegistry | None:
+    """The registry for ``settings.tools`` (``--tools`` names; ``all``) and ``settings.tools_runtime``,
+    then the tools of the MCP servers (``mcp``, warmed up); None when no tool source is configured.
+    Each source names itself in ``features`` for llama-server's start-up security warning."""
     names = tuple(getattr(settings, "tools", ()) or ())
     spec = str(getattr(settings, "tools_runtime", "") or "")
     registry = ToolRegistry()
@@ -47,6 +49,9 @@ def setup(settings: Any) -> ToolRegistry | None:
             registry.default_runtime = runtime.spec
             registry.add(_Owned(runtime))
             features.append("tools runtime (experimental)")
+        if mcp is not None and mcp.configured:
+            registry.add(McpToolProvider(mcp))  # after the built-ins: a colliding name is skipped
+            features.append("MCP servers (experimental)")
     except (UnknownTool, ToolRuntimeError) as e:
         registry.close()
         raise ToolSetupError(str(e)) from None
