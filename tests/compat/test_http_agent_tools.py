@@ -229,3 +229,53 @@ def test_unusable_tool_settings_stop_start_up(argv: list[str], message: str) -> 
         env=env,
     )
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr[-2000:]
+
+
+FAKE_DOCKER = """#!/bin/sh
+# a stand-in for docker: `exec [-i] ID CMD...` runs CMD here; `run --rm -i --cidfile F IMAGE sh` lives
+# until its stdin closes
+case "$1" in
+  exec) shift; [ "$1" = -i ] && shift; echo "exec $1" >> "$FAKE_LOG"; shift; exec "$@" ;;
+  run) echo "cid$$" > "$5"; echo "run $6" >> "$FAKE_LOG"; cat > /dev/null; echo stopped >> "$FAKE_LOG" ;;
+  *) exit 2 ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    log = tmp_path / "docker.log"
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    return log
+
+
+def test_runtime_header_runs_every_operation_through_the_container(fake_docker: Path, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    c = _tools_client()
+    h = {"x-tool-runtime": "docker-container:abc123", "x-tool-cwd": str(work)}
+    r = c.post("/tools", headers=h, json={"tool": "write_file", "params": {"path": "t.log", "content": "hi box\n"}})
+    assert r.json()["result"] == "file written successfully" and (work / "t.log").read_text() == "hi box\n"
+    r = c.post("/tools", headers=h, json={"tool": "read_file", "params": {"path": "t.log"}})
+    assert r.json() == {"plain_text_response": "hi box\n"}
+    r = c.post("/tools", headers=h, json={"tool": "exec_shell_command", "params": {"command": "cat t.log; pwd"}})
+    assert r.json() == {"plain_text_response": f"hi box\n{work}\n\n[exit code: 0]"}
+    r = c.post("/tools", headers=h, json={"tool": "file_glob_search", "params": {"path": "."}})
+    assert r.json()["entries"] == [{"path": "t.log", "type": "file"}]
+    log = fake_docker.read_text().splitlines()
+    assert log and set(log) == {"exec abc123"}  # nothing ran outside `docker exec abc123`
+
+
+def test_tools_runtime_spawns_uses_and_stops_its_container(fake_docker: Path) -> None:
+    c, _ = client(tools=("all",), tools_runtime="docker:busybox")
+    r = c.post("/tools", json={"tool": "exec_shell_command", "params": {"command": "echo inside"}})
+    assert r.json() == {"plain_text_response": "inside\n\n[exit code: 0]"}
+    log = fake_docker.read_text().splitlines()
+    assert log[0] == "run busybox" and log[1].startswith("exec cid")
+    c.app.state.agent_tools.close()  # what the server does at shutdown
+    assert fake_docker.read_text().splitlines()[-1] == "stopped"
