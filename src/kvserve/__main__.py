@@ -106,6 +106,17 @@ def build_engine(cfg: Config):
     return engine
 
 
+def _release_device_memory() -> None:
+    """After the engine is dropped (sleeping): freed host memory back to the OS, and CUDA's cache."""
+    import torch
+
+    from .model.loader import release_free_memory
+
+    release_free_memory()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class LoadingEngine:
     """Stands in for the engine while the model loads: the HTTP server answers 503
     ``Loading model`` (``ready`` is false) until ``attach`` hands over the real engine."""
@@ -142,7 +153,15 @@ def main(argv: list[str] | None = None) -> None:
     from .server.agent_tools import ToolSetupError
     from .server.http_server import serve
 
-    engine = LoadingEngine(cfg.engine.resolve_parallel().n_parallel)
+    n_slots = cfg.engine.resolve_parallel().n_parallel
+    engine: Any
+    if cfg.engine.sleep_idle_seconds > 0:
+        from .engine.sleeper import SleepingEngine
+
+        engine = SleepingEngine(lambda: build_engine(cfg), cfg.engine.sleep_idle_seconds, n_slots,
+                                release=_release_device_memory)
+    else:
+        engine = LoadingEngine(n_slots)
 
     def load() -> None:
         try:

@@ -159,6 +159,7 @@ class EngineConfig:
     flash_attn: str  # on | off | auto: selects the attention backend
     warmup: bool
     embedding: bool
+    sleep_idle_seconds: int = -1  # unload the model after this many idle seconds; -1 = never
 
     def resolve_parallel(self) -> ParallelPlan:
         """``-np -1`` (auto) means 4 slots and unified KV; an explicit N keeps ``-kvu`` as given."""
@@ -404,7 +405,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         n_keep=v["n_keep"], n_predict=v["n_predict"], cache_type_k=kv_k,
         cache_type_v=kv_v, threads=_threads(parsed, "threads"),
         threads_batch=_threads(parsed, "threads_batch"), flash_attn=v["flash_attn"], warmup=v["warmup"],
-        embedding=embedding,
+        embedding=embedding, sleep_idle_seconds=v["sleep_idle_seconds"],
     )
     sampling = SamplingDefaults(**{
         f.name: v[f.name] for f in fields(SamplingDefaults) if f.name != "dry_sequence_breakers"

@@ -177,6 +177,14 @@ state's first component, as llama-server answers. Jina (`documents`) and TEI (`t
 `return_text`) formats, `top_n`, `usage`. A negative or non-integer `top_n` is a 400 (llama-server:
 a 500, or all documents).
 
+Idle sleeping (`--sleep-idle-seconds N`): once no request has been in flight and no slot busy
+for N seconds, the engine stops and its weights, KV pool, prompt cache and grammars are freed.
+`/health`, `/props` (`is_sleeping: true`, the body taken on entering sleep), `/models` and
+`/metrics` answer without waking it; any other API request (token counting included) waits
+while the model is loaded again. llama-server's counters continue across a sleep (the
+throughput window is reported once); the prompt cache starts empty, and its `kvserve:*`
+counters restart.
+
 Context checkpoints (`--ctx-checkpoints`, `--checkpoint-min-step`): llama-server snapshots the
 KV state of SWA and recurrent layers so a later request can resume from a checkpoint. kvserve's
 shared paged cache keeps the full KV of every layer for every cached token, so any cached prefix

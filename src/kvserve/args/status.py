@@ -79,7 +79,6 @@ WARNED: dict[str, str] = {
     "media_path": _MULTIMODAL,
     "ctx_checkpoints": _CHECKPOINTS,
     "checkpoint_min_step": _CHECKPOINTS,
-    "sleep_idle_seconds": "idle sleeping (unloading the model) is not implemented",
     "log_prompts_dir": "kvserve never writes prompts to disk",
     "log_jsonl": _LOGFMT,
     "log_colors": _LOGFMT,

@@ -131,7 +131,9 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("-ag --agent", "agent", B, False, "enable the CORS proxy and all built-in tools",
       neg="-no-ag --no-agent", env="LLAMA_ARG_AGENT"),
     F("--sleep-idle-seconds", "sleep_idle_seconds", I, -1, "unload the model after N idle seconds",
-      hint="SECONDS", convert=_sleep_idle),
+      hint="SECONDS", convert=_sleep_idle,
+      notes="frees weights, KV pool and prompt cache; /health, /props, /models, /metrics answer "
+            "without waking; any other request reloads the model"),
     # --- router ---------------------------------------------------------------------------------
     F("--models-dir", "models_dir", S, None, "router: directory of models", env="LLAMA_ARG_MODELS_DIR",
       hint="PATH"),

@@ -42,7 +42,7 @@ from .request import Emit, ErrorEvent, GenerationRequest
 from .sampling import Sampling
 from .scheduler import Scheduler, SchedulerConfig
 from .snapshot import EngineSnapshot, SlotView, build_snapshot
-from .stats import throughput
+from .stats import EngineStats, throughput
 
 log = logging.getLogger("kvserve.engine")
 
@@ -196,6 +196,20 @@ class Engine:
         m = dict(snap.metrics)
         m.update(throughput(snap.rates, prev))
         return m
+
+    @property
+    def scraped_rates(self) -> tuple[int, float, int, float]:
+        """The throughput counters at the latest /metrics scrape (see ``metrics_snapshot``)."""
+        with self._scrape_lock:
+            return self._scraped_rates
+
+    def adopt_counters(self, stats: EngineStats, scraped_rates: tuple[int, float, int, float]) -> None:
+        """Continue another engine's cumulative counters (a reload after sleeping). Before ``start``."""
+        assert self._thread is None
+        self.scheduler.stats = stats
+        with self._scrape_lock:
+            self._scraped_rates = scraped_rates
+        self._snap = build_snapshot(self.scheduler, self.cache, self.page_bytes)
 
     def cache_info(self) -> dict[str, Any]:
         """The shared prefix cache's budget and state, for /props."""

@@ -21,13 +21,14 @@ from starlette.responses import Response
 
 import kvserve
 from kvserve.mcp import McpManager
-from kvserve.server import agent_tools, routes_generate, routes_misc, vertex, webui
+from kvserve.server import agent_tools, routes_generate, routes_misc, sleep, vertex, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
 from kvserve.server.jsonio import JSONResponse, error_response
 from kvserve.server.middleware import LlamaMiddleware
 from kvserve.server.schemas import install_openapi
 from kvserve.server.settings import ServerSettings
+from kvserve.server.sleep import SleepGate
 
 log = logging.getLogger("kvserve.server")
 
@@ -84,5 +85,7 @@ def create_app(engine: EngineAPI, cfg: Any, mcp: McpManager | None = None) -> Fa
                                       else "invalid request"))
 
     install_openapi(app)
+    sleep.install(app, engine, s)
+    app.add_middleware(SleepGate, engine=engine, settings=s, routes=app.routes)  # inside the API-key check
     app.add_middleware(LlamaMiddleware, settings=s, is_ready=lambda: bool(engine.ready))
     return app

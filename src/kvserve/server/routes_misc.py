@@ -7,7 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from kvserve.server import info, metrics, tokens
+from kvserve.server import info, metrics, sleep, tokens
 from kvserve.server.completions import tenant_of
 from kvserve.server.errors import UNAVAILABLE, ApiError, disabled_endpoint, from_exception, invalid
 from kvserve.server.jsonio import JSONResponse, read_json, read_object
@@ -51,12 +51,16 @@ def make_router(prefix: str) -> APIRouter:
     async def models(request: Request) -> Response:
         """The served model (OpenAI ``data`` plus the ``models`` list)."""
         st = request.app.state
+        if sleep.sleeping(st.engine):
+            return JSONResponse(st.sleep_bodies["models"])
         return JSONResponse(info.models_body(st.engine, st.settings))
 
     @r.get("/props", tags=["server"])
     async def props(request: Request) -> Response:
         """Server defaults, slot count, chat template, build info."""
         st = request.app.state
+        if sleep.sleeping(st.engine):
+            return JSONResponse(st.sleep_bodies["props"])
         return JSONResponse(info.props_body(st.engine, st.settings))
 
     @r.post("/props", tags=["server"])
