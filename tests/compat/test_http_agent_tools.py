@@ -259,11 +259,15 @@ def test_runtime_header_runs_every_operation_through_the_container(fake_docker: 
     work.mkdir()
     c = _tools_client()
     h = {"x-tool-runtime": "docker-container:abc123", "x-tool-cwd": str(work)}
-    r = c.post("/tools", headers=h, json={"tool": "write_file", "params": {"path": "t.log", "content": "hi box\n"}})
+    r = c.post(
+        "/tools", headers=h, json={"tool": "write_file", "params": {"path": "t.log", "content": "hi box\n"}}
+    )
     assert r.json()["result"] == "file written successfully" and (work / "t.log").read_text() == "hi box\n"
     r = c.post("/tools", headers=h, json={"tool": "read_file", "params": {"path": "t.log"}})
     assert r.json() == {"plain_text_response": "hi box\n"}
-    r = c.post("/tools", headers=h, json={"tool": "exec_shell_command", "params": {"command": "cat t.log; pwd"}})
+    r = c.post(
+        "/tools", headers=h, json={"tool": "exec_shell_command", "params": {"command": "cat t.log; pwd"}}
+    )
     assert r.json() == {"plain_text_response": f"hi box\n{work}\n\n[exit code: 0]"}
     r = c.post("/tools", headers=h, json={"tool": "file_glob_search", "params": {"path": "."}})
     assert r.json()["entries"] == [{"path": "t.log", "type": "file"}]
@@ -279,3 +283,25 @@ def test_tools_runtime_spawns_uses_and_stops_its_container(fake_docker: Path) ->
     assert log[0] == "run busybox" and log[1].startswith("exec cid")
     c.app.state.agent_tools.close()  # what the server does at shutdown
     assert fake_docker.read_text().splitlines()[-1] == "stopped"
+
+
+def test_the_api_key_guards_the_tools(tmp_path: Path) -> None:
+    c, _ = client(tools=("all",), api_keys=("sekret",))
+    body = {"tool": "exec_shell_command", "params": {"command": f"touch {tmp_path / 'x'}"}}
+    assert c.get("/tools").status_code == 401 and c.post("/tools", json=body).status_code == 401
+    assert not (tmp_path / "x").exists()
+    r = c.post("/tools", json=body, headers={"Authorization": "Bearer sekret"})
+    assert r.status_code == 200 and (tmp_path / "x").exists()
+
+
+def test_a_non_ascii_cwd_header(tmp_path: Path) -> None:
+    d = tmp_path / "d\u00e9j\u00e0"
+    d.mkdir()
+    (d / "f.txt").write_text("ok")
+    c = _tools_client()
+    r = c.post(
+        "/tools",
+        json={"tool": "read_file", "params": {"path": "f.txt"}},
+        headers=[("x-tool-cwd", str(d).encode("utf-8"))],  # type: ignore[arg-type]
+    )
+    assert r.json() == {"plain_text_response": "ok\n"}

@@ -76,8 +76,8 @@ def _inject(params: dict[str, Any], request: Request, registry: ToolRegistry) ->
     out = {k: v for k, v in params.items() if k not in ("cwd", "runtime", "resp_type")}
     for key, header in _INJECTED:
         value = request.headers.get(header, "")
-        if value:
-            out[key] = value
+        if value:  # header bytes arrive as latin-1: a UTF-8 path is decoded back to what was sent
+            out[key] = value.encode("latin-1").decode("utf-8", "replace")
     if "runtime" not in out and registry.default_runtime is not None:
         out["runtime"] = registry.default_runtime()
     return out
