@@ -93,3 +93,20 @@ def test_setup_from_settings() -> None:
         and reg.default_runtime is not None
         and reg.default_runtime() == "docker-container:abc123"
     )
+
+
+def test_the_runtime_also_serves_mcp_only_servers() -> None:
+    class S:
+        tools: tuple[str, ...] = ()
+        tools_runtime = "docker-container:abc123"
+
+    class NoServers:
+        configured = True
+
+        def tools(self) -> list[Any]:
+            return []
+
+    reg = setup(S(), NoServers())  # type: ignore[arg-type]
+    assert reg is not None and reg.default_runtime is not None
+    assert reg.default_runtime() == "docker-container:abc123"
+    assert setup(S()) is None  # a runtime alone enables nothing

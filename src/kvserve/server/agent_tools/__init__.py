@@ -36,20 +36,22 @@ def setup(settings: Any, mcp: McpManager | None = None) -> ToolRegistry | None:
     Each source names itself in ``features`` for llama-server's start-up security warning."""
     names = tuple(getattr(settings, "tools", ()) or ())
     spec = str(getattr(settings, "tools_runtime", "") or "")
+    use_mcp = mcp is not None and mcp.configured
     registry = ToolRegistry()
     features: list[str] = []
     try:
         if names:
             registry.add(BuiltinProvider(names))
             features.append("server tools (experimental)")
-        if features and spec:
+        if spec and (names or use_mcp):  # as llama-server: the runtime serves MCP-only servers too
             from kvserve.server.agent_tools.runtime import make_runtime
 
             runtime = make_runtime(spec)
             registry.default_runtime = runtime.spec
             registry.add(_Owned(runtime))
             features.append("tools runtime (experimental)")
-        if mcp is not None and mcp.configured:
+        if use_mcp:
+            assert mcp is not None
             registry.add(McpToolProvider(mcp))  # after the built-ins: a colliding name is skipped
             features.append("MCP servers (experimental)")
     except (UnknownTool, ToolRuntimeError) as e:
