@@ -39,7 +39,8 @@ def test_tools_listed_and_called_and_a_call_in_flight_does_not_hold_shutdown(tmp
     cfg = tmp_path / "mcp.json"
     cfg.write_text(mcp_json(fake=fake()))
     srv = start_server("-c", "256", "-np", "1", "--mcp-servers-config", str(cfg), "--mcp-servers-json",
-                       mcp_json(gc=fake("--grandchild"), bad={"command": "this_executable_does_not_exist_12345"}))
+                       mcp_json(gc=fake("--grandchild"),
+                                bad={"command": "this_executable_does_not_exist_12345"}))
     try:
         tools = httpx.get(srv.url + "/tools", timeout=10).json()
         names = [t["tool"] for t in tools]
@@ -48,7 +49,8 @@ def test_tools_listed_and_called_and_a_call_in_flight_does_not_hold_shutdown(tmp
         assert echo["type"] == "mcp" and echo["permissions"] == {"write": False}
         assert echo["definition"] == {"type": "function", "function": {
             "name": "fake_echo", "description": "the echo tool",
-            "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}}
+            "parameters": {"type": "object", "properties": {"message": {"type": "string"}},
+                           "required": ["message"]}}}
 
         def call(tool: str, **params: Any) -> Any:
             r = httpx.post(srv.url + "/tools", json={"tool": tool, "params": params}, timeout=30)
@@ -79,6 +81,6 @@ def test_tools_listed_and_called_and_a_call_in_flight_does_not_hold_shutdown(tmp
      "MCP starting failed: failed to open MCP config file: /nonexistent/path.json"),
 ])
 def test_a_bad_configuration_stops_start_up(args: list[str], message: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "kvserve", "--port", "0", *args], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-m", "kvserve", "--port", "0", *args], capture_output=True,
+                       text=True, timeout=60)
     assert r.returncode == 1 and message in r.stderr

@@ -77,7 +77,8 @@ def main() -> None:
                 "protocolVersion": "2024-11-05", "capabilities": {"tools": {}},
                 "serverInfo": {"name": "fake", "version": "1"}}})
         elif method == "tools/list":
-            send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": [] if "--no-tools" in FLAGS else TOOLS}})
+            tools = [] if "--no-tools" in FLAGS else TOOLS
+            send({"jsonrpc": "2.0", "id": req_id, "result": {"tools": tools}})
         elif method == "tools/call":
             reply = call(req_id, params.get("name", ""), params.get("arguments") or {})
             if "--ping" in FLAGS:

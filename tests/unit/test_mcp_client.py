@@ -20,7 +20,8 @@ FAKE = str(Path(__file__).with_name("fake_mcp_server.py"))
 
 
 def server(name: str, *flags: str, timeout_ms: int = 30000, **kw: Any) -> McpServerConfig:
-    return McpServerConfig(name=name, command=sys.executable, args=(FAKE, *flags), timeout_ms=timeout_ms, **kw)
+    return McpServerConfig(name=name, command=sys.executable, args=(FAKE, *flags), timeout_ms=timeout_ms,
+                           **kw)
 
 
 def run(fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -106,7 +107,8 @@ def test_call_response_joins_text_parts_and_surfaces_is_error() -> None:
 def test_warm_up_lists_tools_and_survives_bad_servers() -> None:
     async def go() -> Any:
         m = McpManager([server("good"), McpServerConfig("bad", "this_executable_does_not_exist_12345"),
-                        server("empty", "--no-tools")])
+                        server("empty", "--no-tools"), McpServerConfig("nul", sys.executable, ("a\x00b",)),
+                        McpServerConfig("nodir", sys.executable, (FAKE,), cwd="/nonexistent/dir")])
         await m.warm_up()
         return m.tools()
 
@@ -140,12 +142,11 @@ def test_the_tools_registry_gets_the_mcp_tools_after_the_built_ins() -> None:
     listed = registry.list()
     assert [t["tool"] for t in listed] == ["read_file"] + [f"fake_{n}" for n in (
         "echo", "add", "fail_once", "bad", "sleep", "crash", "where")]
-    assert listed[1] == {"display_name": "fake_echo", "tool": "fake_echo", "type": "mcp",
-                         "permissions": {"write": False}, "uses_cwd": False, "definition": {
-                             "type": "function", "function": {"name": "fake_echo", "description": "the echo tool",
-                                                              "parameters": {"type": "object", "properties": {
-                                                                  "message": {"type": "string"}},
-                                                                  "required": ["message"]}}}}
+    schema = {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}
+    assert listed[1] == {
+        "display_name": "fake_echo", "tool": "fake_echo", "type": "mcp", "permissions": {"write": False},
+        "uses_cwd": False, "definition": {"type": "function", "function": {
+            "name": "fake_echo", "description": "the echo tool", "parameters": schema}}}
 
 
 # --- calls -------------------------------------------------------------------------------------
@@ -209,7 +210,8 @@ def test_timeout_then_the_stale_reply_is_dropped() -> None:
     async def go() -> Any:
         m = McpManager([server("s", timeout_ms=500)])
         try:
-            assert await m.call_tool("s", "echo", {"message": "warm"}) == {"plain_text_response": "echo: warm"}
+            warm = await m.call_tool("s", "echo", {"message": "warm"})
+            assert warm == {"plain_text_response": "echo: warm"}
             t0 = time.monotonic()
             slow = await m.call_tool("s", "sleep", {"seconds": 0.7})
             took = time.monotonic() - t0
@@ -231,12 +233,13 @@ def test_a_crashed_server_is_respawned_by_the_next_call() -> None:
             first = await m.call_tool("s", "fail_once", {})
             crashed = await m.call_tool("s", "crash", {})
             # a fresh process: fail_once fails again
-            return first, crashed, await m.call_tool("s", "fail_once", {}), await m.call_tool("s", "echo", {"message": "x"})
+            again = await m.call_tool("s", "fail_once", {})
+            return first, crashed, again, await m.call_tool("s", "echo", {"message": "x"})
         finally:
             await m.shutdown()
 
-    assert run(go) == ({"error": "transient error"}, {"error": "transport closed"}, {"error": "transient error"},
-                       {"plain_text_response": "echo: x"})
+    assert run(go) == ({"error": "transient error"}, {"error": "transport closed"},
+                       {"error": "transient error"}, {"plain_text_response": "echo: x"})
 
 
 def test_spawn_failure_cools_down() -> None:

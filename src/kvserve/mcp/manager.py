@@ -57,7 +57,7 @@ class McpManager:
         session = self._session(cfg)
         try:
             await session.transport.start()
-        except OSError as e:
+        except (OSError, ValueError) as e:  # not found, not executable, a bad cwd, a NUL in an argument
             log.warning("MCP warmup: failed to spawn '%s': %s", cfg.name, e)
             return []
         try:
@@ -93,7 +93,7 @@ class McpManager:
             session = self._session(cfg)
             try:
                 await session.transport.start()
-            except OSError as e:
+            except (OSError, ValueError) as e:
                 log.warning("MCP '%s': failed to start: %s", name, e)
                 self._dead_until[name] = time.monotonic() + self.cooldown_s
                 return None

@@ -49,7 +49,8 @@ def _tools(result: Any, server: str) -> list[McpTool]:
     for t in tools if isinstance(tools, list) else []:
         if isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"]:
             desc = t.get("description")
-            out.append(McpTool(server, t["name"], desc if isinstance(desc, str) else "", t.get("inputSchema")))
+            desc = desc if isinstance(desc, str) else ""
+            out.append(McpTool(server, t["name"], desc, t.get("inputSchema")))
     return out
 
 

@@ -102,7 +102,7 @@ class StdioTransport:
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Spawn the child (raises ``OSError`` when it cannot be started)."""
+        """Spawn the child (raises ``OSError``, or ``ValueError`` for a NUL in an argument)."""
         loop = asyncio.get_running_loop()
         self._popen = subprocess.Popen(
             [self.cfg.command, *self.cfg.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

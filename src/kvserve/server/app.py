@@ -55,7 +55,8 @@ def create_app(engine: EngineAPI, cfg: Any, mcp: McpManager | None = None) -> Fa
     app.state.settings = s
     app.state.t_start = time.time()
     app.state.mcp = mcp if mcp is not None else McpManager(s.mcp_servers)  # shut down by http_server
-    app.state.agent_tools = agent_tools.setup(s, app.state.mcp)  # None: /tools answers 403; close() at shutdown
+    # None: /tools answers 403; close() at shutdown
+    app.state.agent_tools = agent_tools.setup(s, app.state.mcp)
 
     routers = [routes_misc.make_router(s.api_prefix), routes_generate.make_router(s.api_prefix)]
     for router in routers:

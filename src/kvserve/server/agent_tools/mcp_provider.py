@@ -35,7 +35,8 @@ class McpToolEntry:
         return {"type": "function",
                 "function": {"name": self.name, "description": self.tool.description, "parameters": schema}}
 
-    async def invoke(self, params: dict[str, Any], emit: Callable[[str], bool] | None = None) -> dict[str, Any]:
+    async def invoke(self, params: dict[str, Any],
+                     emit: Callable[[str], bool] | None = None) -> dict[str, Any]:
         return await self.manager.call_tool(self.tool.server, self.tool.name, params)
 
 
