@@ -181,8 +181,14 @@ class Bench:
             self._ctx_done = True
         first = base + self.c_pages
         tables = [tuple(range(first + b * self.s_pages, first + (b + 1) * self.s_pages)) for b in range(batch)]
-        # Each sequence gets its own copy of the context (plain copies, delta 0).
-        self._run(Plan((), tuple(KVMove(ctx_table, 0, t, 0, ctx) for t in tables)))
+        if getattr(self.args, "shared_prefix", False):
+            # The context's pages are shared by every sequence (a cached prompt prefix): each
+            # table is the context's pages, then its own for the decoded tokens.
+            assert ctx % self.ps == 0, "--shared-prefix needs --ctx a multiple of the page size"
+            tables = [ctx_table + t[self.c_pages :] for t in tables]
+        else:
+            # Each sequence gets its own copy of the context (plain copies, delta 0).
+            self._run(Plan((), tuple(KVMove(ctx_table, 0, t, 0, ctx) for t in tables)))
         tok = self.ids[:batch]
         pos = [ctx]
         limit = len(tables[0]) * self.ps
@@ -350,6 +356,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed prefill repetitions (default 5 CUDA, 2 CPU)")
     p.add_argument("--ubatch", type=int, default=512, help="runner micro-batch size (-ub, default 512)")
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--shared-prefix", action="store_true",
+                   help="decoding sequences share the --ctx context's pages (a cached prompt prefix)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     p.add_argument("--weights", default="auto", choices=["auto", "quant", "dense", "both"],
                    help="weight layout: auto (quantized on CPU with f32), quant, dense (every weight "
@@ -392,8 +400,10 @@ def main(argv: list[str] | None = None) -> int:
             "weights": args.weights,
             "prefill": f"one sequence, lengths {args.prefill}, logits last, micro-batch {args.ubatch}, "
                        f"median of {args.reps} after 1 warm-up",
-            "decode": f"batches {args.batches}, each sequence {args.ctx} tokens of context in its own pages, "
-                      f"{args.steps} timed steps after {args.warmup_steps} warm-up, logits last",
+            "decode": f"batches {args.batches}, each sequence {args.ctx} tokens of context "
+                      + ("in pages shared by all (a cached prefix), " if args.shared_prefix else "in its own pages, ")
+                      + f"{args.steps} timed steps after {args.warmup_steps} warm-up, logits last",
+            "cascade decode": os.environ.get("KVSERVE_CASCADE", "auto"),
             "page size": args.page_size,
             "attention backend": os.environ.get("KVSERVE_ATTN_BACKEND") or "default (triton on CUDA, torch on CPU)",
             "CUDA graphs": "off" if os.environ.get("KVSERVE_CUDA_GRAPHS") == "0" else "decode steps (CUDA, triton)",

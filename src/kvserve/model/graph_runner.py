@@ -4,6 +4,8 @@ Buckets are 1, 2, 4, 8, 16, then every 8 up to the largest decode batch. A step 
 replays the smallest bucket >= n; rows n..bucket-1 are padding (scratch row, length 1) whose
 KV writes land on the scratch page and whose logits are dropped. Capture stops, with a log
 line, once ``budget_s`` is spent; batches above the largest captured bucket run eagerly.
+A backend with ``cascade_graphs`` also gets a cascade variant of every bucket from 2 up (its
+shared-prefix groups are inputs too); ``run`` replays it when given groups.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class GraphRunner:
         self.model = model
         self.backend = backend
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.cascade: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        with_cascade = bool(getattr(backend, "cascade_graphs", False))
         buckets = decode_buckets(max_batch)
         backend.init_graphs(max(buckets))  # type: ignore[attr-defined]
         pool = torch.cuda.graph_pool_handle()
@@ -47,18 +51,21 @@ class GraphRunner:
             if time.perf_counter() - t0 > budget_s:
                 skipped.append(b)
                 continue
-            ids, step = backend.graph_step(b)
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: compiles kernels, settles the allocator
-                    self.model.logits(self.model(ids, step))
-            torch.cuda.current_stream().wait_stream(stream)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = self.model.logits(self.model(ids, step))
-            self.graphs[b] = (g, out)
+            for cascade in ((False, True) if with_cascade and b >= 2 else (False,)):
+                ids, step = backend.graph_step(b, cascade=True) if cascade else backend.graph_step(b)
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm-up: compiles kernels, settles the allocator
+                        self.model.logits(self.model(ids, step))
+                torch.cuda.current_stream().wait_stream(stream)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = self.model.logits(self.model(ids, step))
+                (self.cascade if cascade else self.graphs)[b] = (g, out)
         torch.cuda.synchronize()
         self.buckets = sorted(self.graphs)
         msg = f"captured CUDA graphs for decode batches {self.buckets} in {time.perf_counter() - t0:.1f} s"
+        if self.cascade:
+            msg += f" (with shared-prefix cascade variants for {sorted(self.cascade)})"
         if skipped:
             msg += f" (capture budget {budget_s:.0f} s spent; batches {sorted(skipped)} run eagerly)"
         log.info(msg)
@@ -67,9 +74,15 @@ class GraphRunner:
         i = bisect.bisect_left(self.buckets, n)
         return self.buckets[i] if i < len(self.buckets) else None
 
-    def run(self, bucket: int, seqs: list[StepSeq], ids: list[int]) -> torch.Tensor:
-        """Logits [len(seqs), n_vocab] (float32, a fresh tensor) of one decode step."""
-        self.backend.load_graph_inputs(bucket, seqs, ids)
-        g, out = self.graphs[bucket]
+    def run(self, bucket: int, seqs: list[StepSeq], ids: list[int],
+            groups: list[tuple[list[int], int]] | None = None) -> torch.Tensor:
+        """Logits [len(seqs), n_vocab] (float32, a fresh tensor) of one decode step; with
+        ``groups`` (shared-prefix cascade groups, indices into ``seqs``) the cascade variant."""
+        if groups and bucket in self.cascade:
+            self.backend.load_graph_inputs(bucket, seqs, ids, groups)  # type: ignore[call-arg]
+            g, out = self.cascade[bucket]
+        else:
+            self.backend.load_graph_inputs(bucket, seqs, ids)
+            g, out = self.graphs[bucket]
         g.replay()
         return out[: len(seqs)].clone()

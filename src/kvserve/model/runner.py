@@ -115,9 +115,10 @@ class ModelRunner:
         if self.graphs is not None and self._graph_plan(plan):
             bucket = self.graphs.bucket(len(plan.chunks))
             seqs = [StepSeq(c.seq_id, c.start_pos, 1, c.page_table) for c in plan.chunks]
-            if bucket is not None and not self.backend.prefers_eager(seqs):
+            mode, groups = self.backend.graph_mode(seqs) if bucket is not None else ("eager", None)
+            if bucket is not None and mode != "eager":
                 with record_function("kvserve.graph_replay"):
-                    logits = self.graphs.run(bucket, seqs, [c.tokens[0] for c in plan.chunks])
+                    logits = self.graphs.run(bucket, seqs, [c.tokens[0] for c in plan.chunks], groups)
                 out = {c.seq_id: logits[i : i + 1] for i, c in enumerate(plan.chunks)}
                 rows = {c.seq_id: i for i, c in enumerate(plan.chunks)}
                 return RunOutput(logits=out, forward_s=time.perf_counter() - t0, batch=logits, batch_rows=rows)

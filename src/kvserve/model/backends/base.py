@@ -48,10 +48,11 @@ class AttentionBackend(ABC):
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
         """Per-step inputs on the device: (token ids [T], the step's attention state)."""
 
-    def prefers_eager(self, seqs: list[StepSeq]) -> bool:
-        """Whether a decode step of ``seqs`` that a CUDA graph could replay should run eagerly
-        instead (a path the graphs lack pays off for it)."""
-        return False
+    def graph_mode(self, seqs: list[StepSeq]) -> tuple[str, list[tuple[list[int], int]] | None]:
+        """How a decode step of ``seqs`` that a CUDA graph could replay runs: ("plain", None),
+        ("cascade", groups) — the bucket's cascade graph with these shared-prefix groups — or
+        ("eager", None) when a path the graphs lack pays off."""
+        return "plain", None
 
     # -- CUDA graph hooks (backends with supports_graphs) ----------------------------------------
     def graph_step(self, bucket: int) -> tuple[torch.Tensor, AttentionStep]:

@@ -7,14 +7,18 @@ data. Single-token chunks take the split-K decode kernel; longer chunks take the
 KV write, then decode and/or extend attention.
 
 Decoding sequences whose page tables start with the same pages (``attention.cascade_groups``,
-the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``) on the eager
-path. ``KVSERVE_CASCADE=0`` turns that off, ``1`` makes every decode step with a group run
-eagerly (graphs lack the path); by default a step leaves its graph only when the KV reads it
-saves (bytes of the prefix times the extra members) reach ``KVSERVE_CASCADE_EAGER_GB`` (16).
+the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``). Eager steps
+always do; a decode step a graph replays takes the bucket's cascade graph (captured beside the
+plain one, for up to ``GRAPH_GROUPS`` groups) when the KV reads it saves (bytes of the prefix
+times the extra members) reach ``KVSERVE_CASCADE_GRAPH_MB`` (256), and runs eagerly when it has
+more groups and saves at least ``KVSERVE_CASCADE_EAGER_GB`` (16). ``KVSERVE_CASCADE=0`` turns
+cascade off, ``1`` takes it whenever a group exists.
 
 For CUDA graphs, decode steps of up to ``bucket`` sequences use static buffers
-``[ids | positions | rows | lengths]`` (one section of ``max_bucket`` each, then room for
-page-table updates) filled by one copy per replay; padding rows point at the scratch row.
+``[ids | positions | rows | lengths | starts]`` (one section of ``max_bucket`` each), then the
+cascade groups' ``[n | shared | minlen]`` (``GRAPH_GROUPS`` each, padded to 4) and members
+(``GRAPH_GROUPS`` x ``max_bucket``), then room for page-table updates, filled by one copy per
+replay; padding rows point at the scratch row, padding groups have no members.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from .base import AttentionBackend, AttentionStep, StepSeq
 from .device_state import PageTable, StepBuffer
 
 _UPDATE_ROOM = 4096  # page-table updates that ride in the graph input copy
+GRAPH_GROUPS = 4  # cascade groups a decode graph can take
+_G4 = (GRAPH_GROUPS + 3) & ~3
 
 
 class _Decode:
@@ -96,6 +102,8 @@ class TritonBackend(AttentionBackend):
         self._graph_host = StepBuffer(0, kv.device)
         self.cascade_mode = os.environ.get("KVSERVE_CASCADE", "auto").strip().lower()
         self.cascade_eager_bytes = float(os.environ.get("KVSERVE_CASCADE_EAGER_GB", "16")) * 1e9
+        self.cascade_graph_bytes = float(os.environ.get("KVSERVE_CASCADE_GRAPH_MB", "256")) * 2**20
+        self.cascade_graphs = self.cascade_mode != "0"  # GraphRunner captures cascade variants
         self.n_cascade_steps = 0  # decode steps that read a shared prefix once (observability)
 
     def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
@@ -105,14 +113,15 @@ class TritonBackend(AttentionBackend):
         dec = [(list(s.page_table), s.start + 1) for s in seqs if s.n == 1]
         return cascade_groups(dec, self.kv.page_size) if len(dec) > 1 else []
 
-    def prefers_eager(self, seqs: list[StepSeq]) -> bool:
+    def graph_mode(self, seqs: list[StepSeq]) -> tuple[str, list[tuple[list[int], int]] | None]:
         groups = self._groups(seqs)
         if not groups:
-            return False
-        if self.cascade_mode == "1":
-            return True
+            return "plain", None
+        force = self.cascade_mode == "1"
         saved = sum((len(m) - 1) * shared for m, shared in groups) * self.kv.bytes_per_page / self.kv.page_size
-        return saved >= self.cascade_eager_bytes
+        if len(groups) <= GRAPH_GROUPS:
+            return ("cascade", groups) if force or saved >= self.cascade_graph_bytes else ("plain", None)
+        return ("eager", None) if force or saved >= self.cascade_eager_bytes else ("plain", None)
 
     def shared_splits(self, n_groups: int, max_rows: int, max_shared: int) -> int:
         """Splits of the shared prefix: about two programs per multiprocessor, 256 keys each at least."""
@@ -178,43 +187,72 @@ class TritonBackend(AttentionBackend):
     # -- CUDA graphs -------------------------------------------------------------------------------
     def init_graphs(self, max_bucket: int) -> None:
         self.max_bucket = (max_bucket + 3) & ~3  # sections of whole 16-byte units
-        self._graph_dev = torch.zeros(4 * self.max_bucket + 2 * _UPDATE_ROOM, dtype=torch.int32, device=self.device)
+        m = self.max_bucket
+        size = 5 * m + 3 * _G4 + GRAPH_GROUPS * m + 2 * _UPDATE_ROOM
+        self._graph_dev = torch.zeros(size, dtype=torch.int32, device=self.device)
         self._graph_q_rows = torch.arange(max_bucket, dtype=torch.int32, device=self.device)
         self.load_graph_inputs(max_bucket, [], [])
 
     def _sections(self) -> list[torch.Tensor]:
+        """ids, positions, rows, lengths, starts; group n, shared, minlen; members [groups, m]."""
         assert self._graph_dev is not None
         m = self.max_bucket
-        return [self._graph_dev[i * m : (i + 1) * m] for i in range(4)]
+        out = [self._graph_dev[i * m : (i + 1) * m] for i in range(5)]
+        o = 5 * m
+        for _ in range(3):
+            out.append(self._graph_dev[o : o + GRAPH_GROUPS])
+            o += _G4
+        out.append(self._graph_dev[o : o + GRAPH_GROUPS * m].view(GRAPH_GROUPS, m))
+        return out
 
-    def graph_step(self, bucket: int) -> tuple[torch.Tensor, AttentionStep]:
-        ids, pos, rows, lens = (t[:bucket] for t in self._sections())
+    def graph_step(self, bucket: int, cascade: bool = False) -> tuple[torch.Tensor, AttentionStep]:
+        sec = self._sections()
+        ids, pos, rows, lens, starts = (t[:bucket] for t in sec[:5])
+        cfg = self.cfg
         # Splits for the longest context a sequence can have: the grid is fixed at capture.
-        ns = self.num_splits(bucket, self.kv.n_pages * self.kv.page_size)
+        max_ctx = self.kv.n_pages * self.kv.page_size
+        ns = self.num_splits(bucket, max_ctx)
+        casc = None
+        sh = 0
+        if cascade:
+            casc = tk.CascadeGroups(sec[8], sec[5], sec[6], sec[7], starts, bucket)
+            sh = self.shared_splits(1, bucket * (cfg.n_head // cfg.n_head_kv), max_ctx)
         ws = self._graph_ws.setdefault(
-            bucket, tk.DecodeWorkspace(bucket, self.cfg.n_head, self.cfg.head_dim, ns, self.device))
-        return ids, TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws), None)
+            (bucket, cascade), tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh))
+        step = TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws, casc), None)
+        return ids, step
 
-    def load_graph_inputs(self, bucket: int, seqs: list[StepSeq], ids: list[int]) -> None:
+    def load_graph_inputs(self, bucket: int, seqs: list[StepSeq], ids: list[int],
+                          groups: list[tuple[list[int], int]] | None = None) -> None:
+        """``groups``: cascade groups (indices into ``seqs``) for the bucket's cascade graph."""
         assert self._graph_dev is not None and len(seqs) <= bucket <= self.max_bucket
         rows, idx, val = self.pt.assign([s.seq_id for s in seqs], [s.page_table for s in seqs])
         m, n = self.max_bucket, len(seqs)
         pad = m - n
         scratch = self.pt.scratch_row
         inline = len(idx) <= _UPDATE_ROOM
+        starts, g_n, g_sh, g_min = [0] * m, [0] * _G4, [0] * _G4, [0] * _G4
+        members = [0] * (GRAPH_GROUPS * m)
+        for gi, (mem, shared) in enumerate(groups or []):
+            g_n[gi], g_sh[gi] = len(mem), shared
+            g_min[gi] = min(seqs[i].start + 1 for i in mem)
+            members[gi * m : gi * m + len(mem)] = mem
+            for i in mem:
+                starts[i] = shared
         parts = [
             list(ids) + [0] * pad,
             [s.start for s in seqs] + [0] * pad,
             rows + [scratch] * pad,
             [s.start + 1 for s in seqs] + [1] * pad,
+            starts, g_n, g_sh, g_min, members,
             idx if inline else [],
             val if inline else [],
         ]
         host, spans = self._graph_host.pack(parts)
         self._graph_host.send(host, spans[-1][0] + spans[-1][1], self._graph_dev)
         if inline:
-            o_i, n_i = spans[4]
-            o_v, _ = spans[5]
+            o_i, n_i = spans[-2]
+            o_v, _ = spans[-1]
             self.pt.apply(self._graph_dev[o_i : o_i + n_i], self._graph_dev[o_v : o_v + n_i])
         else:
             h2, sp2 = self.buf.pack([idx, val])
