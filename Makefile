@@ -30,7 +30,7 @@ $(CHROMIUM):
 install: $(STAMP)
 
 serve: install
-	$(PY) -m kvserve --host 127.0.0.1 --port 8080
+	$(PY) -m kvserve -m "$$($(PY) -c 'from kvserve.model.files import default_model_path as p; print(p())')" --host 127.0.0.1 --port 8080
 
 test: install $(CHROMIUM)
 	$(PY) -m pytest -q tests

@@ -281,7 +281,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cmd", default=DEFAULT_CMD, help=f"kvserve command (default: {DEFAULT_CMD!r}); "
                    "configs append their flags; --port is appended unless {port} appears")
     p.add_argument("--server-args", default="", help="extra arguments for every kvserve config")
-    p.add_argument("--model", help="shorthand for --server-args '-m PATH'")
+    p.add_argument("--model", help="shorthand for --server-args '-m PATH' (default: the embedded SmolLM2)")
     p.add_argument("--peer", help="a llama-server-compatible command run as config 'peer'")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--configs", default=None, help="default,no-cache-prompt,cache-ram-0[,cache-ram-64][,peer]")
@@ -310,6 +310,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def command_for(config: str, args: argparse.Namespace) -> str:
     if config == "peer":
         return str(args.peer)
+    if not args.model and "-m " not in f"{args.cmd} {args.server_args} ":
+        from common import default_models
+
+        args.model = default_models()[0]  # without a model kvserve would start as the router
     extra = " ".join(x for x in (args.server_args, f"-m {args.model}" if args.model else "",
                                  CONFIG_FLAGS[config]) if x)
     return f"{args.cmd} {extra}".strip()

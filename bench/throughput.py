@@ -12,12 +12,12 @@ Workloads (texts are generated from fixed seeds, so every server gets identical 
     shared     per concurrency level one fresh common prefix (``--prefix-words``) plus a
                distinct question per request: the first requests of a level pay for the prefix
 
-    python bench/throughput.py --cmd "python -m kvserve -np 16 -c 16384 --metrics"
+    python bench/throughput.py --cmd "python -m kvserve -m M.gguf -np 16 -c 16384 --metrics"
     python bench/throughput.py --url http://127.0.0.1:8080
-    python bench/throughput.py --cmd "python -m kvserve -np 16" --peer "llama-server -m M.gguf -np 16"
-    python bench/throughput.py --cmd "python -m kvserve -np 4" --concurrency 1,4 --n-predict 8 \\
+    python bench/throughput.py --cmd "python -m kvserve -m M.gguf -np 16" --peer "llama-server -m M.gguf -np 16"
+    python bench/throughput.py --cmd "python -m kvserve -m M.gguf -np 4" --concurrency 1,4 --n-predict 8 \\
         --prompt-words 40 --prefix-words 100          # quick check
-    python bench/throughput.py --cmd "python -m kvserve -np 8" --concurrency 8 --workloads shared \\
+    python bench/throughput.py --cmd "python -m kvserve -m M.gguf -np 8" --concurrency 8 --workloads shared \\
         --rounds 2 --burst                            # a burst over a fresh prefix, then again cached
 
 With ``--rounds`` above 1 a per-round table follows (TTFT mean / p50 / p95, prompt_n, cache_n).

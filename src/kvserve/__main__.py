@@ -151,8 +151,17 @@ def main(argv: list[str] | None = None) -> None:
         filename=cfg.server.log_file,
     )
     from .server.agent_tools import ToolSetupError
+
+    if cfg.server.model_path is None:  # no model: llama-server's router (router/)
+        from .router.serve import serve_router
+
+        s = cfg.server
+        serve_router(cfg, sys.argv[1:] if argv is None else argv, s.models_dir, s.models_max, s.models_autoload)
+        return
+    from .router.serve import watch_router_stdin
     from .server.http_server import serve
 
+    watch_router_stdin()
     n_slots = cfg.engine.resolve_parallel().n_parallel
     engine: Any
     if cfg.engine.sleep_idle_seconds > 0:

@@ -96,6 +96,10 @@ class ServerConfig:
     unsupported_features: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # --grammar/--grammar-file/-j/-jf: the grammar of every request that sets none
     grammar_default: GrammarSpec | None = None
+    # router mode (started without a model): --models-dir, --models-max (0 = no limit), --models-autoload
+    models_dir: str | None = None
+    models_max: int = 4
+    models_autoload: bool = True
 
     @property
     def model_name(self) -> str:
@@ -394,6 +398,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         mcp_servers=mcp_servers,
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
         grammar_default=_grammar_default(v),
+        models_dir=v["models_dir"] or None, models_max=v["models_max"], models_autoload=v["models_autoload"],
     )
     engine = EngineConfig(
         model_path=model_path, dtype=v["dtype"], device=v["device"], n_ctx=v["n_ctx"],

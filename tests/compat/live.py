@@ -38,8 +38,13 @@ class LiveServer:
 
 
 def start_server(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
-                 health: str = "/health", port: int | None = None) -> LiveServer:
-    """``health``: the path polled until it answers 200 (``/PREFIX/health`` with --api-prefix)."""
+                 health: str = "/health", port: int | None = None, router: bool = False) -> LiveServer:
+    """``health``: the path polled until it answers 200 (``/PREFIX/health`` with --api-prefix).
+    Without ``-m`` the server gets the embedded SmolLM2 (``router``: no model, the router)."""
+    if not router and "-m" not in args and "--model" not in args:
+        from kvserve.model.files import default_model_path
+
+        args = ("-m", default_model_path(), *args)
     port = port if port is not None else free_port()
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "kvserve", "--host", "127.0.0.1", "--port", str(port), *args]

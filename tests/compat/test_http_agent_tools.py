@@ -219,10 +219,12 @@ def test_unusable_tool_settings_stop_start_up(argv: list[str], message: str) -> 
     import subprocess
     import sys
 
+    from kvserve.model.files import default_model_path
+
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src}
     proc = subprocess.run(
-        [sys.executable, "-m", "kvserve", *argv, "--port", "0"],
+        [sys.executable, "-m", "kvserve", "-m", default_model_path(), *argv, "--port", "0"],
         capture_output=True,
         text=True,
         timeout=120,

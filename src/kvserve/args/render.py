@@ -177,6 +177,17 @@ state's first component, as llama-server answers. Jina (`documents`) and TEI (`t
 `return_text`) formats, `top_n`, `usage`. A negative or non-integer `top_n` is a 400 (llama-server:
 a 500, or all documents).
 
+Router mode (kvserve started without `-m`, as llama-server): one child `kvserve` process per
+loaded model, started with the router's own flags (minus `--host`, `--port`, `--api-key`, the
+`--models-*` flags) and `-m`, `--alias NAME` on a local port; it ends with the router. Models are
+the GGUF files of `--models-dir` (`NAME.gguf`, or a directory `NAME/`) and the embedded SmolLM2
+(source `embedded`). Requests name their model in `model` (body) or `?model=` (GET) and are
+proxied, streams included; `--no-models-autoload` (or `?autoload=false`) answers 400 for a model
+not loaded. `GET /props` (router form), `GET /models` (`?reload=1` rescans), `POST /models/load`,
+`POST /models/unload`, `GET /models/sse` (status events). kvserve never downloads: `POST /models`
+is a 501 and `DELETE /models` removes nothing (no model comes from a download cache); INI presets
+(`--models-preset`) are refused. The router serves no web UI.
+
 Idle sleeping (`--sleep-idle-seconds N`): once no request has been in flight and no slot busy
 for N seconds, the engine stops and its weights, KV pool, prompt cache and grammars are freed.
 `/health`, `/props` (`is_sleeping: true`, the body taken on entering sleep), `/models` and

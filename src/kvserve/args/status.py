@@ -25,7 +25,7 @@ _CHECKPOINTS = (
     "the shared paged cache keeps full KV for SWA layers, so checkpoints are not needed; see compat.md"
 )
 _SPECULATIVE = "speculative decoding is not supported"
-_ROUTER = "router mode (several models) is not supported; kvserve serves one model"
+_ROUTER = "model presets (INI) are not supported; the router serves the GGUF files of --models-dir"
 _LORA = "LoRA adapters are not supported"
 _FIT = "automatic memory fitting is not implemented; size the KV pool with -c"
 _LOGFMT = "the log line format is fixed"
@@ -47,7 +47,6 @@ REFUSED: dict[str, str] = {
     "docker_repo": _DOWNLOAD,
     "ssl_key_file": _TLS,
     "ssl_cert_file": _TLS,
-    "models_dir": _ROUTER,
     "models_preset": _ROUTER,
     "lora": _LORA_APPLIED,
     "lora_scaled": _LORA_APPLIED,
@@ -89,8 +88,6 @@ WARNED: dict[str, str] = {
     "fit_ctx": _FIT,
     "fit_target": _FIT,
     "lora_init_without_apply": _LORA,
-    "models_max": _ROUTER,
-    "models_autoload": _ROUTER,
     "backend_sampling": "sampling always runs in the engine; there is no separate backend sampler",
     "adaptive_decay": "the adaptive-p sampler is not implemented",
     "flash_attn": "the attention backend is chosen by the device (torch SDPA on CPU)",

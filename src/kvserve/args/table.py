@@ -62,8 +62,8 @@ _ROWS: tuple[FlagSpec, ...] = (
       shown_default="-"),
     # --- model ----------------------------------------------------------------------------------
     F("-m --model", "model", S, None, "model path (GGUF) to load", env="LLAMA_ARG_MODEL", hint="FNAME",
-      shown_default="embedded SmolLM2-135M",
-      notes="without -m kvserve serves its embedded default model (llama-server would start in router mode)"),
+      shown_default="none (router)",
+      notes="without -m kvserve starts as llama-server's router (the embedded SmolLM2 is one of its models)"),
     F("-mu --model-url", "model_url", S, None, "model download url", env="LLAMA_ARG_MODEL_URL",
       hint="MODEL_URL"),
     F("-hf -hfr --hf-repo", "hf_repo", S, None, "Hugging Face model repository", env="LLAMA_ARG_HF_REPO",
@@ -136,10 +136,11 @@ _ROWS: tuple[FlagSpec, ...] = (
             "without waking; any other request reloads the model"),
     # --- router ---------------------------------------------------------------------------------
     F("--models-dir", "models_dir", S, None, "router: directory of models", env="LLAMA_ARG_MODELS_DIR",
-      hint="PATH"),
+      hint="PATH", notes="NAME.gguf and NAME/ (split or single GGUF) are the model NAME"),
     F("--models-preset", "models_preset", S, None, "router: INI file of model presets",
       env="LLAMA_ARG_MODELS_PRESET", hint="PATH"),
-    F("--models-max", "models_max", I, 4, "router: models loaded at once", env="LLAMA_ARG_MODELS_MAX"),
+    F("--models-max", "models_max", I, 4, "router: models loaded at once", env="LLAMA_ARG_MODELS_MAX",
+      notes="0 = no limit; loading one more stops the least recently used idle model"),
     F("--models-autoload", "models_autoload", B, True, "router: load models on demand",
       neg="--no-models-autoload", env="LLAMA_ARG_MODELS_AUTOLOAD"),
     # --- context, slots, cache ------------------------------------------------------------------

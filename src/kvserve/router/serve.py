@@ -1,0 +1,77 @@
+"""Run kvserve as llama-server's router (started without a model)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+
+from kvserve.router.app import Router, create_router_app
+from kvserve.router.catalog import catalog
+from kvserve.router.pool import ModelPool
+from kvserve.server.http_server import bind_sockets
+from kvserve.server.settings import ServerSettings
+
+log = logging.getLogger("kvserve.router")
+
+
+def watch_router_stdin() -> None:
+    """In a child a router spawned (``LLAMA_SERVER_ROUTER_PORT`` set): exit when the router's end
+    of stdin closes, so that no child outlives its router."""
+    if "LLAMA_SERVER_ROUTER_PORT" not in os.environ:
+        return
+
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        os._exit(0)
+
+    threading.Thread(target=watch, name="kvserve-router-stdin", daemon=True).start()
+
+
+class _RouterServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, pool: ModelPool) -> None:
+        super().__init__(config)
+        self.pool = pool
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        await self.pool.close()
+        await super().shutdown(sockets)
+
+
+def serve_router(cfg: Any, argv: Sequence[str], models_dir: str | None, models_max: int, autoload: bool) -> None:
+    s = ServerSettings.from_config(cfg)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per proxied request otherwise
+    try:
+        entries = catalog(models_dir)
+    except ValueError as e:
+        print(str(e), file=sys.stderr)
+        sys.exit(1)
+    sockets = bind_sockets(s.host, s.port, s.reuse_port)
+    port = s.port or int(sockets[0].getsockname()[1])
+    pool = ModelPool(entries, argv, models_max, port)
+    router = Router(pool, s, models_dir, models_max, autoload)
+    app = create_router_app(router)
+    level = "warning" if s.verbosity <= 2 else ("info" if s.verbosity == 3 else "debug")
+    config = uvicorn.Config(app, log_level=level, access_log=s.verbosity >= 4, server_header=False,
+                            lifespan="off", proxy_headers=False)
+    log.info("available models (%d): %s", len(entries), ", ".join(entries) or "none")
+    log.warning("router mode enabled - do not expose to untrusted environments")
+    log.info("starting server in router mode. models will be %s",
+             "automatically loaded on-demand" if autoload else "loaded with POST /models/load")
+    for sock in sockets:
+        log.info("server is listening on %s", sock.getsockname())
+    server = _RouterServer(config, pool)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()  # children still alive exit with the router (their stdin closes)
