@@ -2,8 +2,9 @@
 prefix, the prefix read once per group (``tk.CascadeGroups``) or once per sequence (plain).
 
 For each (shape, batch, shared prefix, own tokens): one group of ``batch`` sequences sharing the
-prefix pages, each with its own pages after it; the kernel time (triton.testing.do_bench,
-median) of both paths, the KV bytes each must read, and the outputs' max difference.
+prefix pages, each with its own pages after it; the kernel time of both paths (median, replayed
+as a CUDA graph as decode steps are, so launch latency is left out), the time of the cascade's
+shared-prefix kernel alone, the KV bytes each path must read, and the outputs' max difference.
 
     python bench/cascade_decode.py            (--smoke: one tiny case on the CPU under Triton's interpreter)
 """
@@ -37,7 +38,10 @@ def main() -> int:
         global CASES, SHAPES
         CASES, SHAPES = [(3, 64, 20)], {"tiny (4/2 heads, d32)": (4, 2, 32)}
     else:
-        from triton.testing import do_bench
+        from triton.testing import do_bench_cudagraph
+
+        def do_bench(fn, **_):  # type: ignore[no-untyped-def]
+            return do_bench_cudagraph(fn, rep=100, return_mode="median")
 
         dev = torch.device("cuda")
         n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -45,9 +49,10 @@ def main() -> int:
         "device": torch.cuda.get_device_name(0) if not smoke else "cpu (smoke)", "dtype": "bf16", "page size": PS,
         "layout": "one group: every sequence's table starts with the same prefix pages, then its own",
         "splits": "the backend's own choices (num_splits, shared_splits)",
-        "timing": "triton.testing.do_bench median, warm-up 25 ms, 100 ms of repeats",
+        "timing": "triton.testing.do_bench_cudagraph median (launches replayed in a CUDA graph), 100 ms of repeats",
     })
-    rows = []
+    rows: list[list] = []
+    sweep: list[list] = []
     for name, (h, hkv, d) in SHAPES.items():
         for batch, shared, own in CASES:
             sp, op = shared // PS, -(-own // PS)
@@ -79,18 +84,33 @@ def main() -> int:
             def cascade() -> None:
                 tk.decode_attention(q, out_c, ar, kc, vc, table, ar, lens, ws_c, PS, d**-0.5, 0, cascade=casc)
 
-            ms_p = do_bench(plain, warmup=25, rep=100, return_mode="median")
-            ms_c = do_bench(cascade, warmup=25, rep=100, return_mode="median")
+            def shared_only() -> None:
+                tk.shared_prefix_attention(q, ar, kc, vc, table, ar, lens, casc, ws_c, PS, d**-0.5, 0)
+
+            ms_p = do_bench(plain)
+            ms_c = do_bench(cascade)
+            ms_s = do_bench(shared_only)
+            for bn, nw in ((64, 4), (32, 4), (64, 8), (32, 8), (16, 4)):  # the shared kernel's launch options
+                def variant() -> None:
+                    tk.shared_prefix_attention(q, ar, kc, vc, table, ar, lens, casc, ws_c, PS, d**-0.5, 0,
+                                               block_n=bn, num_warps=nw)
+                try:
+                    sweep.append([name, batch, shared, f"{bn}/{nw}", f"{do_bench(variant) * 1e3:.1f}"])
+                except Exception as e:  # a configuration the compiler refuses
+                    sweep.append([name, batch, shared, f"{bn}/{nw}", f"failed: {type(e).__name__}"])
             diff = (out_p.float() - out_c.float()).abs().max().item()
             per_tok = 2 * hkv * d * 2
             bytes_p, bytes_c = batch * (shared + own) * per_tok, (shared + batch * own) * per_tok
-            rows.append([name, batch, shared, own, f"{ms_p * 1e3:.1f}", f"{ms_c * 1e3:.1f}", f"{ms_p / ms_c:.2f}",
+            rows.append([name, batch, shared, own, f"{ms_p * 1e3:.1f}", f"{ms_c * 1e3:.1f}", f"{ms_s * 1e3:.1f}",
+                         f"{ms_p / ms_c:.2f}",
                          f"{bytes_p / 2**20:.1f}", f"{bytes_c / 2**20:.1f}", f"{bytes_p / (ms_p / 1e3) / 1e9:.0f}",
                          f"{diff:.2e}"])
             del kc, vc
             torch.cuda.empty_cache()
-    print_table(["shape", "batch", "shared", "own", "plain µs", "cascade µs", "speed-up", "plain KV MiB",
+    print_table(["shape", "batch", "shared", "own", "plain µs", "cascade µs", "of it shared kernel µs", "speed-up",
+                 "plain KV MiB",
                  "cascade KV MiB", "plain GB/s", "max |Δ|"], rows)
+    print_table(["shape", "batch", "shared", "shared kernel block_n/warps", "µs"], sweep)
     return 0
 
 

@@ -61,11 +61,13 @@ def main() -> int:
     args = p.parse_args()
     dev = torch.device(args.device)
     path = synth_path(args.synth, "F16", args.synth_dir)
-    loaded = load_gguf(path, device=dev)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32  # the CLI's defaults
+    loaded = load_gguf(path, dtype=dtype, device=dev)
     tok, tpl = Tokenizer.from_metadata(loaded.metadata), ChatTemplate.from_metadata(loaded.metadata)
     n_vocab = loaded.cfg.n_vocab
     print_conditions("prompt cache host tier: TTFT of a prompt evicted from the device pool", {
         "device": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", "model": args.synth,
+        "dtype (weights, KV)": str(dtype).replace("torch.", ""),
         "prompt": f"{args.prompt} tokens, one slot, pool of {args.prompt + 64} positions, --cache-ram 4096",
         "timing": f"wall time, submit to first token, median of {args.reps} rounds (each A, B, A, A)",
     })

@@ -164,3 +164,25 @@ def test_shared_prefix_decode_equals_padded_decode(window, monkeypatch):
     assert all(g.shared_rows is None for g in plain_meta.decode)
     plain = attn.paged_attention(q, k, v, plain_meta, window, 0.125)
     assert (cascade - plain).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_cascade_reference_in_bf16_with_a_window(window):
+    """The torch reference's cascade decode (a shared prefix read once) in bf16, where a window
+    masks part of the prefix: the same as the float32 result within bf16 rounding."""
+    from kvserve.model import attention as attn
+
+    g = torch.Generator().manual_seed(0)
+    ps, hkv, gq, d = 16, 2, 4, 32
+    prefix = [0, 1, 2, 3, 4]
+    tables = [prefix + [5, 6], prefix + [7, 8], prefix + [9]]
+    lengths = [100, 110, 90]
+    kc = torch.randn(10 * ps, hkv, d, generator=g)
+    vc = torch.randn(10 * ps, hkv, d, generator=g)
+    q = torch.randn(3, hkv * gq, d, generator=g)
+    meta = attn.build_meta([(n - 1, 1, t) for n, t in zip(lengths, tables)], ps, torch.device("cpu"))
+    assert meta.decode[0].shared_rows is not None
+    want = attn.paged_attention(q, kc, vc, meta, window, d**-0.5)
+    got = attn.paged_attention(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), meta, window, d**-0.5)
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).abs().max() / want.abs().max()).item() < 2e-2

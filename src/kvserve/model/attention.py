@@ -221,8 +221,8 @@ def _cascade_decode(
     vs = v_cache.index_select(0, d.shared_rows).permute(1, 0, 2).to(q.dtype)
     qs = qd.permute(1, 0, 2, 3).reshape(hkv, b * g, hd)
     bias = d.shared_bias(window)
-    if bias is not None:
-        bias = bias.repeat_interleave(g, dim=0)  # [B*G, Ls], row = b * g + j
+    if bias is not None:  # in q's dtype: a float32 bias would promote the scores past v's dtype
+        bias = bias.to(q.dtype).repeat_interleave(g, dim=0)  # [B*G, Ls], row = b * g + j
     o1, m1, l1 = _partial_attention(qs, ks, vs, bias, scale)
     o1, m1, l1 = (t.view(hkv, b, g, -1).permute(1, 0, 2, 3) for t in (o1, m1, l1))
     # Own part: each sequence's keys after the shared prefix (its own token at least).

@@ -104,7 +104,7 @@ class TritonBackend(AttentionBackend):
         self.cascade_eager_bytes = float(os.environ.get("KVSERVE_CASCADE_EAGER_GB", "16")) * 1e9
         self.cascade_graph_bytes = float(os.environ.get("KVSERVE_CASCADE_GRAPH_MB", "256")) * 2**20
         self.cascade_graphs = self.cascade_mode != "0"  # GraphRunner captures cascade variants
-        self.n_cascade_steps = 0  # decode steps that read a shared prefix once (observability)
+        self.n_cascade_steps = 0  # decode steps (eager or graph) that read a shared prefix once
 
     def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
         """Cascade groups of the decoding (single-token) sequences, indices in decode order."""
@@ -233,6 +233,8 @@ class TritonBackend(AttentionBackend):
         inline = len(idx) <= _UPDATE_ROOM
         starts, g_n, g_sh, g_min = [0] * m, [0] * _G4, [0] * _G4, [0] * _G4
         members = [0] * (GRAPH_GROUPS * m)
+        if groups:
+            self.n_cascade_steps += 1
         for gi, (mem, shared) in enumerate(groups or []):
             g_n[gi], g_sh[gi] = len(mem), shared
             g_min[gi] = min(seqs[i].start + 1 for i in mem)

@@ -309,6 +309,31 @@ def cascade_groups_tensor(groups: list[tuple[list[int], int]], lengths: list[int
     return CascadeGroups(t[0].view(len(groups), width), t[1], t[2], t[3], t[4], width)
 
 
+def shared_prefix_attention(
+    q: torch.Tensor, q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+    seq_rows: torch.Tensor, seq_lens: torch.Tensor, cascade: CascadeGroups, ws: DecodeWorkspace, page_size: int,
+    scale: float, window: int, block_n: int | None = None, num_warps: int | None = None,
+) -> None:
+    """The cascade's shared-prefix partials into ``ws``' last ``shared_splits`` slots (the part
+    of ``decode_attention`` with ``cascade`` that reads each group's prefix once)."""
+    _, h, d = q.shape
+    hkv = k_cache.shape[1]
+    g = h // hkv
+    block_d = triton.next_power_of_2(d)
+    rows = cascade.max_members * g
+    block_m = 64 if rows > 32 else (32 if rows > 16 else 16)
+    n_mb = triton.cdiv(rows, block_m)
+    n_groups = cascade.n.shape[0]
+    _shared_prefix_kernel[(n_groups * n_mb, hkv, ws.shared_splits)](
+        q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
+        cascade.members, cascade.n, cascade.shared, cascade.minlen, cascade.members.stride(0), n_mb,
+        ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ws.mid_lse.shape[2], ws.num_splits, ws.shared_splits,
+        H=h, HKV=hkv, G=g, D=d, PS=page_size, BLOCK_M=block_m,
+        BLOCK_N=block_n or (64 if block_d <= 128 else 32), BLOCK_D=block_d, PREC=_precision(q),
+        num_warps=num_warps or (8 if block_d >= 256 else 4), num_stages=2,
+    )
+
+
 def decode_attention(
     q: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace,
@@ -342,18 +367,8 @@ def decode_attention(
     )
     if cas:
         assert cascade is not None
-        block_d = triton.next_power_of_2(d)
-        rows = cascade.max_members * g
-        block_m = 64 if rows > 32 else (32 if rows > 16 else 16)
-        n_mb = triton.cdiv(rows, block_m)
-        n_groups = cascade.n.shape[0]
-        _shared_prefix_kernel[(n_groups * n_mb, hkv, ws.shared_splits)](
-            q, q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
-            cascade.members, cascade.n, cascade.shared, cascade.minlen, cascade.members.stride(0), n_mb,
-            ws.mid_o, ws.mid_lse, scale * LOG2E, _window(window), ws.mid_lse.shape[2], ns, ws.shared_splits,
-            H=h, HKV=hkv, G=g, D=d, PS=page_size, BLOCK_M=block_m, BLOCK_N=64 if block_d <= 128 else 32,
-            BLOCK_D=block_d, PREC=_precision(q), num_warps=8 if block_d >= 256 else 4, num_stages=2,
-        )
+        shared_prefix_attention(q, q_rows, k_cache, v_cache, table, seq_rows, seq_lens, cascade, ws, page_size,
+                                scale, window)
     _decode_merge_kernel[(b, h)](
         ws.mid_o, ws.mid_lse, out, q_rows, starts, ws.mid_lse.shape[2], total, ns,
         H=h, D=d, BLOCK_S=triton.next_power_of_2(total), BLOCK_D=triton.next_power_of_2(d), HAS_START=cas,
