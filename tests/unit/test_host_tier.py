@@ -119,3 +119,24 @@ def test_host_store_round_trip_keeps_every_layer_and_row(device: str) -> None:
     assert host.allocated_bytes == 2 * 3 * 2 * kv.k[:, :4].numel() * 4
     with pytest.raises(ValueError):
         host.run([TierCopy(True, 0, 4)])  # beyond the budget
+
+
+@pytest.mark.parametrize("device", DEVS)
+def test_host_store_ranges_across_blocks_and_out_of_order(device: str) -> None:
+    """A run of copies in any slot order, spanning two blocks with gaps, lands slot for slot."""
+    kv = _store(device, n_pages=8)
+    host = HostKVStore(kv, capacity=None)
+    host.block_slots = 3
+    want = {p: _page(kv, p) for p in range(8)}
+    slots = {0: 4, 1: 2, 2: 3, 3: 7, 4: 0, 5: 5, 6: 1}  # page -> slot: blocks 0, 1 and 2
+    host.run([TierCopy(True, p, s) for p, s in slots.items()])
+    kv.k.zero_()
+    kv.v.zero_()
+    back = {s: p for p, s in slots.items()}
+    dst = [7, 6, 5, 4, 3, 2, 1]  # load every slot into another page, in shuffled order
+    order = [3, 0, 6, 1, 5, 2, 4]
+    host.run([TierCopy(False, dst[i], list(back)[i]) for i in order])
+    for i in range(7):
+        k, v = _page(kv, dst[i])
+        src = back[list(back)[i]]
+        assert torch.equal(k, want[src][0]) and torch.equal(v, want[src][1]), (i, src)

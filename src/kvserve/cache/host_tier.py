@@ -10,13 +10,15 @@ and the copies themselves are ``plan.TierCopy`` records the runner executes in o
 
 from __future__ import annotations
 
+import heapq
+
 
 class HostTier:
     def __init__(self, capacity: int | None) -> None:
         if capacity is not None and capacity < 0:
             raise ValueError("host tier capacity must be >= 0 (or None: unbounded)")
         self.capacity = capacity
-        self._free: list[int] = []  # freed slots, LIFO
+        self._free: list[int] = []  # freed slots, a min-heap: the lowest is reused first
         self._next = 0  # slots [_next, capacity) were never handed out
         self.n_used = 0
 
@@ -27,8 +29,8 @@ class HostTier:
 
     def alloc(self) -> int | None:
         """A free slot, or None when the budget is used up."""
-        if self._free:
-            slot = self._free.pop()
+        if self._free:  # lowest first: the slots of one eviction burst tend to be consecutive
+            slot = heapq.heappop(self._free)
         elif self.capacity is None or self._next < self.capacity:
             slot = self._next
             self._next += 1
@@ -40,7 +42,7 @@ class HostTier:
     def free(self, slot: int) -> None:
         if not 0 <= slot < self._next:
             raise ValueError(f"host slot {slot} was never handed out")
-        self._free.append(slot)
+        heapq.heappush(self._free, slot)
         self.n_used -= 1
 
     def free_slots(self) -> list[int]:

@@ -3,8 +3,9 @@
 ``kvserve.cache`` decides which page goes to which host slot and back (``plan.TierCopy``);
 this class only executes those copies, in order, on the current stream. Slot ``s`` holds one
 page of K and of V for every layer, contiguous ([n_layer, page_size, n_head_kv, head_dim] each),
-so every copy between the device and the host is one contiguous transfer per page and tensor;
-with pinned memory they are asynchronous (the host goes on while they run; the device runs
+so consecutive slots of one allocation block are one contiguous range: the copies of a run are
+ordered by slot and every range of consecutive slots moves in one transfer per tensor (a device
+gather or scatter of the run's pages beside it); with pinned memory they are asynchronous (the host goes on while they run; the device runs
 them before the plan's forward, which is queued after them). Memory is allocated in blocks of
 slots on first use, so an unused budget costs nothing.
 """
@@ -67,18 +68,38 @@ class HostKVStore:
             (self._offload if run[0].to_host else self._load)(run)
             i = j
 
+    def _ranges(self, run: Sequence[TierCopy]) -> list[tuple[int, int, int]]:
+        """(block, first index in it, count) of consecutive slots; ``run`` sorted by slot."""
+        out: list[tuple[int, int, int]] = []
+        for c in run:
+            self._slot(c.slot)  # allocates its block on first use
+            b, i = divmod(c.slot, self.block_slots)
+            if out and out[-1][0] == b and out[-1][1] + out[-1][2] == i:
+                out[-1] = (b, out[-1][1], out[-1][2] + 1)
+            else:
+                out.append((b, i, 1))
+        return out
+
     def _offload(self, run: Sequence[TierCopy]) -> None:
+        run = sorted(run, key=lambda c: c.slot)  # a run has distinct pages and slots: any order
         idx = torch.tensor([c.page for c in run], dtype=torch.int64).to(self.kv.device, non_blocking=True)
-        for pool, which in ((self._kp, 0), (self._vp, 1)):
+        ranges = self._ranges(run)
+        for pool, blocks in ((self._kp, self._k), (self._vp, self._v)):
             staged = pool.index_select(1, idx).transpose(0, 1).contiguous()  # [n, L, ps, h, d]
-            for c, page in zip(run, staged):
-                self._slot(c.slot)[which].copy_(page, non_blocking=self.pin)
+            j = 0
+            for b, i, n in ranges:
+                blocks[b][i : i + n].copy_(staged[j : j + n], non_blocking=self.pin)
+                j += n
 
     def _load(self, run: Sequence[TierCopy]) -> None:
         dev = self.kv.device
+        run = sorted(run, key=lambda c: c.slot)
         idx = torch.tensor([c.page for c in run], dtype=torch.int64).to(dev, non_blocking=True)
-        for pool, which in ((self._kp, 0), (self._vp, 1)):
+        ranges = self._ranges(run)
+        for pool, blocks in ((self._kp, self._k), (self._vp, self._v)):
             staged = torch.empty((len(run), *self.slot_shape), dtype=self.kv.dtype, device=dev)
-            for c, page in zip(run, staged):
-                page.copy_(self._slot(c.slot)[which], non_blocking=self.pin)
+            j = 0
+            for b, i, n in ranges:
+                staged[j : j + n].copy_(blocks[b][i : i + n], non_blocking=self.pin)
+                j += n
             pool.index_copy_(1, idx, staged.transpose(0, 1))

@@ -7,12 +7,13 @@ data. Single-token chunks take the split-K decode kernel; longer chunks take the
 KV write, then decode and/or extend attention.
 
 Decoding sequences whose page tables start with the same pages (``attention.cascade_groups``,
-the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``). Eager steps
-always do; a decode step a graph replays takes the bucket's cascade graph (captured beside the
-plain one, for up to ``GRAPH_GROUPS`` groups) when the KV reads it saves (bytes of the prefix
-times the extra members) reach ``KVSERVE_CASCADE_GRAPH_MB`` (256), and runs eagerly when it has
-more groups and saves at least ``KVSERVE_CASCADE_EAGER_GB`` (16). ``KVSERVE_CASCADE=0`` turns
-cascade off, ``1`` takes it whenever a group exists.
+the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``) when it pays:
+by default for head_dim <= ``CASCADE_MAX_HEAD_DIM`` (measured faster there; larger heads keep
+plain decode until measured) and KV reads saved (bytes of the prefix times the extra members)
+of at least ``KVSERVE_CASCADE_GRAPH_MB`` (256). A decode step a graph replays then takes the
+bucket's cascade graph (captured beside the plain one, for up to ``GRAPH_GROUPS`` groups), or
+runs eagerly with more groups when it saves at least ``KVSERVE_CASCADE_EAGER_GB`` (16).
+``KVSERVE_CASCADE=0`` turns cascade off, ``1`` takes it whenever a group exists.
 
 For CUDA graphs, decode steps of up to ``bucket`` sequences use static buffers
 ``[ids | positions | rows | lengths | starts]`` (one section of ``max_bucket`` each), then the
@@ -37,6 +38,7 @@ from .device_state import PageTable, StepBuffer
 
 _UPDATE_ROOM = 4096  # page-table updates that ride in the graph input copy
 GRAPH_GROUPS = 4  # cascade groups a decode graph can take
+CASCADE_MAX_HEAD_DIM = 64  # the default rule's limit (bench/gpu_matrix.sh features: 1B gains, d128 not measured)
 _G4 = (GRAPH_GROUPS + 3) & ~3
 
 
@@ -103,7 +105,9 @@ class TritonBackend(AttentionBackend):
         self.cascade_mode = os.environ.get("KVSERVE_CASCADE", "auto").strip().lower()
         self.cascade_eager_bytes = float(os.environ.get("KVSERVE_CASCADE_EAGER_GB", "16")) * 1e9
         self.cascade_graph_bytes = float(os.environ.get("KVSERVE_CASCADE_GRAPH_MB", "256")) * 2**20
-        self.cascade_graphs = self.cascade_mode != "0"  # GraphRunner captures cascade variants
+        self.cascade_auto_ok = cfg.head_dim <= CASCADE_MAX_HEAD_DIM
+        # GraphRunner captures cascade variants only where a step can take them
+        self.cascade_graphs = self.cascade_mode == "1" or (self.cascade_mode != "0" and self.cascade_auto_ok)
         self.n_cascade_steps = 0  # decode steps (eager or graph) that read a shared prefix once
 
     def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
@@ -113,15 +117,23 @@ class TritonBackend(AttentionBackend):
         dec = [(list(s.page_table), s.start + 1) for s in seqs if s.n == 1]
         return cascade_groups(dec, self.kv.page_size) if len(dec) > 1 else []
 
+    def _saved(self, groups: list[tuple[list[int], int]]) -> float:
+        """KV bytes a step reads less with these groups (all layers)."""
+        return sum((len(m) - 1) * shared for m, shared in groups) * self.kv.bytes_per_page / self.kv.page_size
+
+    def _worth(self, groups: list[tuple[list[int], int]]) -> bool:
+        if self.cascade_mode == "1":
+            return bool(groups)
+        return bool(groups) and self.cascade_auto_ok and self._saved(groups) >= self.cascade_graph_bytes
+
     def graph_mode(self, seqs: list[StepSeq]) -> tuple[str, list[tuple[list[int], int]] | None]:
         groups = self._groups(seqs)
-        if not groups:
+        if not self._worth(groups):
             return "plain", None
-        force = self.cascade_mode == "1"
-        saved = sum((len(m) - 1) * shared for m, shared in groups) * self.kv.bytes_per_page / self.kv.page_size
         if len(groups) <= GRAPH_GROUPS:
-            return ("cascade", groups) if force or saved >= self.cascade_graph_bytes else ("plain", None)
-        return ("eager", None) if force or saved >= self.cascade_eager_bytes else ("plain", None)
+            return "cascade", groups
+        force = self.cascade_mode == "1"
+        return ("eager", None) if force or self._saved(groups) >= self.cascade_eager_bytes else ("plain", None)
 
     def shared_splits(self, n_groups: int, max_rows: int, max_shared: int) -> int:
         """Splits of the shared prefix: about two programs per multiprocessor, 256 keys each at least."""
@@ -155,6 +167,8 @@ class TritonBackend(AttentionBackend):
                 e_kv.append(s.start + s.n)
             q += s.n
         groups = self._groups(seqs) if len(d_q) > 1 else []
+        if not self._worth(groups):
+            groups = []
         casc: list[list[int]] = [[], [], [], [], []]
         width = 0
         if groups:
