@@ -35,12 +35,15 @@ def stop_timed(srv: LiveServer) -> float:
     return time.monotonic() - t0
 
 
-def test_tools_listed_and_called_and_a_call_in_flight_does_not_hold_shutdown(tmp_path: Path) -> None:
+@pytest.mark.parametrize("router", [False, True], ids=["model", "router"])
+def test_tools_listed_and_called_and_a_call_in_flight_does_not_hold_shutdown(tmp_path: Path,
+                                                                             router: bool) -> None:
+    """With a model, and as the router (no -m), which serves /tools itself as llama-server's does."""
     cfg = tmp_path / "mcp.json"
     cfg.write_text(mcp_json(fake=fake()))
     srv = start_server("-c", "256", "-np", "1", "--mcp-servers-config", str(cfg), "--mcp-servers-json",
                        mcp_json(gc=fake("--grandchild"),
-                                bad={"command": "this_executable_does_not_exist_12345"}))
+                                bad={"command": "this_executable_does_not_exist_12345"}), router=router)
     try:
         tools = httpx.get(srv.url + "/tools", timeout=10).json()
         names = [t["tool"] for t in tools]

@@ -186,7 +186,9 @@ proxied, streams included; `--no-models-autoload` (or `?autoload=false`) answers
 not loaded. `GET /props` (router form), `GET /models` (`?reload=1` rescans), `POST /models/load`,
 `POST /models/unload`, `GET /models/sse` (status events). kvserve never downloads: `POST /models`
 is a 501 and `DELETE /models` removes nothing (no model comes from a download cache); INI presets
-(`--models-preset`) are refused. The router serves no web UI.
+(`--models-preset`) are refused. The router serves no web UI. As in llama-server, the router
+answers `GET/POST /tools` (its `--tools` and MCP servers, found before it listens) and
+`/cors-proxy` itself.
 
 Idle sleeping (`--sleep-idle-seconds N`): once no request has been in flight and no slot busy
 for N seconds, the engine stops and its weights, KV pool, prompt cache and grammars are freed.

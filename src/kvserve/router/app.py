@@ -3,7 +3,9 @@
 Own routes: ``GET /health``, ``GET /props`` (the router's, or with ``?model=`` the model's),
 ``GET /models`` (``/v1/models``; ``?reload=1`` rescans ``--models-dir``), ``POST /models/load``,
 ``POST /models/unload``, ``GET /models/sse`` (status events), ``DELETE /models?model=``,
-``POST /models`` (downloading: not supported, 501).
+``POST /models`` (downloading: not supported, 501), and, as llama-server's router serves them
+itself, ``GET/POST /tools`` (the built-in tools and MCP servers' tools of the router's own flags)
+and ``GET/POST /cors-proxy``.
 
 Every other API route of a single-model kvserve is proxied to the child serving the request's
 model: ``model`` from the JSON body (POST) or the query (GET). A missing or unknown model, or one
@@ -29,6 +31,7 @@ from starlette.responses import Response, StreamingResponse
 from kvserve.router.catalog import catalog
 from kvserve.router.pool import Instance, ModelPool, RouterError
 from kvserve.server import routes_generate, routes_misc
+from kvserve.server.agent_tools import ToolRegistry
 from kvserve.server.errors import ApiError, not_found_body
 from kvserve.server.jsonio import JSONResponse, error_response, read_object
 from kvserve.server.middleware import LlamaMiddleware
@@ -37,7 +40,8 @@ from kvserve.server.settings import ServerSettings
 log = logging.getLogger("kvserve.router")
 
 # answered by the router itself (everything else a single-model server serves is proxied)
-_OWN = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/props"), ("GET", "/models"), ("GET", "/v1/models")}
+_OWN = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/props"), ("GET", "/models"), ("GET", "/v1/models"),
+        ("GET", "/tools"), ("POST", "/tools"), ("GET", "/cors-proxy"), ("POST", "/cors-proxy")}
 _HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade",
         "proxy-connection", "accept-encoding"}
 
@@ -162,11 +166,16 @@ class Router:
                 del self.pool.instances[name]
 
 
-def create_router_app(router: Router) -> FastAPI:
+def create_router_app(router: Router, agent_tools: ToolRegistry | None = None) -> FastAPI:
+    """``agent_tools``: the registry ``/tools`` serves (None: 403, as without ``--tools``)."""
     s = router.s
     app = FastAPI(title="kvserve router", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.router = router
+    app.state.settings = s
+    app.state.agent_tools = agent_tools
     p = s.api_prefix
+    app.add_api_route(p + "/tools", routes_generate.tools_endpoint, methods=["GET", "POST"])
+    app.add_api_route(p + "/cors-proxy", routes_generate.cors_proxy_endpoint, methods=["GET", "POST"])
 
     @app.get(p + "/health")
     @app.get(p + "/v1/health")

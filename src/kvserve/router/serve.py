@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -11,9 +12,11 @@ from typing import Any
 
 import uvicorn
 
+from kvserve.mcp import McpManager
 from kvserve.router.app import Router, create_router_app
 from kvserve.router.catalog import catalog
 from kvserve.router.pool import ModelPool
+from kvserve.server import agent_tools
 from kvserve.server.http_server import bind_sockets
 from kvserve.server.settings import ServerSettings
 
@@ -38,11 +41,13 @@ def watch_router_stdin() -> None:
 
 
 class _RouterServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, pool: ModelPool) -> None:
+    def __init__(self, config: uvicorn.Config, pool: ModelPool, mcp: McpManager) -> None:
         super().__init__(config)
         self.pool = pool
+        self.mcp = mcp
 
     async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        await self.mcp.shutdown()  # MCP calls in flight end first (see server/http_server.py)
         await self.pool.close()
         await super().shutdown(sockets)
 
@@ -55,11 +60,20 @@ def serve_router(cfg: Any, argv: Sequence[str], models_dir: str | None, models_m
     except ValueError as e:
         print(str(e), file=sys.stderr)
         sys.exit(1)
+    # the router serves /tools itself (its children get the same flags, as llama-server's do)
+    mcp = McpManager(s.mcp_servers)
+    if mcp.configured:
+        asyncio.run(mcp.warm_up())
+    try:
+        tools = agent_tools.setup(s, mcp)
+    except agent_tools.ToolSetupError as e:
+        print(f"tools setup failed: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
     sockets = bind_sockets(s.host, s.port, s.reuse_port)
     port = s.port or int(sockets[0].getsockname()[1])
     pool = ModelPool(entries, argv, models_max, port)
     router = Router(pool, s, models_dir, models_max, autoload)
-    app = create_router_app(router)
+    app = create_router_app(router, tools)
     level = "warning" if s.verbosity <= 2 else ("info" if s.verbosity == 3 else "debug")
     config = uvicorn.Config(app, log_level=level, access_log=s.verbosity >= 4, server_header=False,
                             lifespan="off", proxy_headers=False)
@@ -69,9 +83,11 @@ def serve_router(cfg: Any, argv: Sequence[str], models_dir: str | None, models_m
              "automatically loaded on-demand" if autoload else "loaded with POST /models/load")
     for sock in sockets:
         log.info("server is listening on %s", sock.getsockname())
-    server = _RouterServer(config, pool)
+    server = _RouterServer(config, pool, mcp)
     try:
         server.run(sockets=sockets)
     finally:
         for sock in sockets:
             sock.close()  # children still alive exit with the router (their stdin closes)
+        if tools is not None:
+            tools.close()  # e.g. the --tools-runtime container

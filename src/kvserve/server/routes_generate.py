@@ -26,6 +26,23 @@ def feature_disabled() -> Response:
     return JSONResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}}, 403)
 
 
+# Agent endpoints: 403 when not enabled (no --tools, -ag or MCP server; no --ui-mcp-proxy), as in
+# llama-server. The router serves them too (app.state.agent_tools, app.state.settings).
+async def tools_endpoint(request: Request) -> Response:
+    registry = request.app.state.agent_tools
+    if registry is None:
+        return feature_disabled()
+    if request.method == "GET":
+        return agent_route.list_tools(registry)
+    return await agent_route.call_tool(request, registry)
+
+
+async def cors_proxy_endpoint(request: Request) -> Response:
+    if not request.app.state.settings.mcp_proxy:
+        return feature_disabled()
+    return await cors_proxy.proxy(request)
+
+
 def make_router(prefix: str) -> APIRouter:
     r = APIRouter(prefix=prefix)
 
@@ -83,21 +100,6 @@ def make_router(prefix: str) -> APIRouter:
         async def rerank_route(request: Request) -> Response:
             st = request.app.state
             return JSONResponse(await rerank.compute(st.engine, st.settings, await read_object(request)))
-
-    # Agent endpoints: 403 when not enabled (no --tools, -ag or MCP server; no --ui-mcp-proxy), as in
-    # llama-server.
-    async def tools_endpoint(request: Request) -> Response:
-        registry = request.app.state.agent_tools
-        if registry is None:
-            return feature_disabled()
-        if request.method == "GET":
-            return agent_route.list_tools(registry)
-        return await agent_route.call_tool(request, registry)
-
-    async def cors_proxy_endpoint(request: Request) -> Response:
-        if not request.app.state.settings.mcp_proxy:
-            return feature_disabled()
-        return await cors_proxy.proxy(request)
 
     r.add_api_route("/tools", tools_endpoint, methods=["GET", "POST"], include_in_schema=False)
     r.add_api_route("/cors-proxy", cors_proxy_endpoint, methods=["GET", "POST"], include_in_schema=False)
