@@ -12,7 +12,7 @@ tokens came from the cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 LogitsWanted = Literal["none", "last", "all"]
 
@@ -62,11 +62,21 @@ class SeqChunk:
     logits: LogitsWanted = "last"
 
 
+FED = -1  # the token of a fed chunk (``Plan.feed``): a placeholder, never a vocabulary id
+
+
 @dataclass(frozen=True)
 class Plan:
+    """``feed`` (empty, or one entry per chunk): ``feed[i] >= 0`` means chunk i is one token,
+    the one sampled in row ``feed[i]`` of the previous step, still on the device; the caller
+    hands those sampled tokens to ``run`` (``prev_tokens``) and the chunk's token is ``FED``.
+    ``-1``: the chunk's tokens are given. This lets the next decode step be planned and
+    launched before the previous step's tokens have reached the host (overlap)."""
+
     chunks: tuple[SeqChunk, ...]
     moves: tuple[KVMove, ...] = ()
     copies: tuple[TierCopy, ...] = ()  # host-tier copies; they run first
+    feed: tuple[int, ...] = ()
 
 
 @dataclass
@@ -79,3 +89,6 @@ class RunOutput:
     # runner has them in one piece: the sampler takes them without slicing and stacking.
     batch: object | None = None
     batch_rows: dict[int, int] | None = None
+    # Waits until the step's results exist (a runner whose step outlives ``run`` without CUDA's
+    # own stream ordering; None: they exist once ``run`` has returned, or the device orders it).
+    ready: Callable[[], None] | None = None

@@ -80,6 +80,7 @@ def run(eng: Engine, cols: list[Collector], max_steps: int = 10_000, on_step: An
         if on_step is not None:
             on_step(eng)
         if all(c.done for c in cols):
+            eng.loop.drain()  # a step planned ahead of the last commit, if any
             eng._drain(block=False)
             return
         if not ran and not eng.scheduler.has_work():

@@ -7,7 +7,8 @@ move) produces other tokens than the reference, and a read of an unwritten row f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -18,7 +19,8 @@ from kvserve.engine.request import CacheIdentity, ErrorEvent, FinalEvent, Genera
 from kvserve.engine.sampling import Sampling
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
-from kvserve.plan import Plan, RunOutput
+from kvserve.engine.pipeline import StepLoop
+from kvserve.plan import FED, Plan, RunOutput
 
 V = 50
 EOS = 0
@@ -70,15 +72,40 @@ class FakeRunner:
     ``fail(plan)`` returning True makes the step raise (after the moves, like a forward
     that dies half-way)."""
 
-    def __init__(self, mgr: KVCacheManager, fail: Callable[[Plan], bool] | None = None) -> None:
+    def __init__(self, mgr: KVCacheManager, fail: Callable[[Plan], bool] | None = None,
+                 step_s: float = 0.0) -> None:
+        """``step_s`` > 0: an asynchronous device (see ``run``)."""
         self.kv = KVSim(mgr.pool.n_pages, mgr.page_size, writable=mgr.pool.is_private)
         self.fail = fail
         self.n_runs = 0
+        self.n_fed = 0
+        self.step_s = step_s
+        self.asynchronous = step_s > 0
+        self._busy_until = 0.0
 
-    def run(self, plan: Plan) -> RunOutput:
+    @staticmethod
+    def _until(t: float) -> None:
+        left = t - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+    def run(self, plan: Plan, prev_tokens: torch.Tensor | None = None) -> RunOutput:
+        """Fed chunks (``plan.feed``) take their token from ``prev_tokens``. With ``step_s`` the
+        step is asynchronous: it returns at once and its results are ready ``step_s`` after the
+        previous step's (``RunOutput.ready`` waits for that), as a device queue would have it."""
         self.n_runs += 1
         for c in plan.copies:  # host-tier copies first, in order
             self.kv.copy(c)
+        if plan.feed:
+            assert len(plan.feed) == len(plan.chunks) and prev_tokens is not None
+            fed = []
+            for c, row in zip(plan.chunks, plan.feed):
+                if row >= 0:
+                    assert c.tokens == (FED,), "a fed chunk is one placeholder token"
+                    c = replace(c, tokens=(int(prev_tokens[row]),))
+                    self.n_fed += 1
+                fed.append(c)
+            plan = replace(plan, chunks=tuple(fed))
         for mv in plan.moves:
             self.kv.apply(mv)
         if self.fail is not None and self.fail(plan):
@@ -96,7 +123,10 @@ class FakeRunner:
                 x = torch.zeros(1, V)
                 x[0, next_token(rows)] = 10.0  # type: ignore[arg-type]
                 logits[c.seq_id] = x
-        return RunOutput(logits)
+        if not self.asynchronous:
+            return RunOutput(logits)
+        end = self._busy_until = max(time.perf_counter(), self._busy_until) + self.step_s
+        return RunOutput(logits, ready=lambda: self._until(end))
 
 
 @dataclass
@@ -122,8 +152,10 @@ class Events:
 class Harness:
     def __init__(self, n_pages: int, page_size: int = 4, n_slots: int = 4, n_ctx_slot: int = 64,
                  n_batch: int = 64, retain: int | None = None, fail: Callable[[Plan], bool] | None = None,
-                 host: int | None | bool = False):
-        """``host``: False = no host tier, else its limit in pages (None: unbounded)."""
+                 host: int | None | bool = False, overlap: bool = False, step_s: float = 0.0):
+        """``host``: False = no host tier, else its limit in pages (None: unbounded).
+        ``overlap``: steps go through the engine's ``StepLoop`` with overlap on (the commit of
+        one step after the launch of the next); ``step_s``: the fake device's step time."""
         self.mgr = KVCacheManager(n_pages, page_size, retain, host_tier=host is not False,
                                   host_limit_pages=None if host is False else host)
         tok = FakeTokenizer()
@@ -131,7 +163,8 @@ class Harness:
             SchedulerConfig(n_slots=n_slots, n_ctx_slot=n_ctx_slot, n_batch=n_batch, page_size=page_size),
             self.mgr, tok, Sampling(tok, V, torch.device("cpu")),
         )
-        self.runner = FakeRunner(self.mgr, fail)
+        self.runner = FakeRunner(self.mgr, fail, step_s)
+        self.loop = StepLoop(self.sch, self.runner, overlap) if overlap else None
         self._ids = 0
 
     def submit(self, prompt: list[int], n_predict: int, **params: Any) -> tuple[int, Events]:
@@ -144,6 +177,10 @@ class Harness:
 
     def step(self) -> bool:
         """schedule → run → commit as the engine does (a failed run fails its plan)."""
+        if self.loop is not None:
+            ran = self.loop.step()
+            self.mgr.check_integrity()
+            return ran
         plan = self.sch.schedule()
         ran = plan is not None
         if plan is not None:
@@ -158,7 +195,7 @@ class Harness:
 
     def run(self, max_steps: int = 5000) -> int:
         for n in range(max_steps):
-            if not self.sch.has_work():
+            if not self.sch.has_work() and (self.loop is None or self.loop.in_flight is None):
                 return n
             self.step()
         raise AssertionError(f"no progress after {max_steps} steps (livelock)")

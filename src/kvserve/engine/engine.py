@@ -24,7 +24,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -37,7 +36,9 @@ from ..model.loader import LoadedModel
 from ..model.runner import ModelRunner
 from ..model.tokenizer import Tokenizer
 from . import introspect, slot_store
+from ..plan import Plan
 from .errors import EngineError
+from .pipeline import StepLoop, overlap_wanted
 from .request import Emit, ErrorEvent, GenerationRequest
 from .sampling import Sampling
 from .scheduler import Scheduler, SchedulerConfig
@@ -70,6 +71,7 @@ class EngineOptions:
     check_integrity: bool = False  # run the cache invariants after every step (tests)
     slot_save_path: str | None = None
     warmup: bool = False
+    overlap: bool | None = None  # commit step N while step N+1 runs (None: when the runner is asynchronous)
 
 
 class Engine:
@@ -129,6 +131,7 @@ class Engine:
             tokenizer,
             self.sampling,
         )
+        self.loop = StepLoop(self.scheduler, self.runner, overlap_wanted(self.runner, opts.overlap))
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._thread: threading.Thread | None = None
@@ -360,7 +363,8 @@ class Engine:
         torch.set_grad_enabled(False)
         while not self._stop.is_set():
             try:
-                self._drain(block=self.fatal is not None or not self.scheduler.has_work())
+                idle = not self.scheduler.has_work() and self.loop.in_flight is None
+                self._drain(block=self.fatal is not None or idle)
                 if self.fatal is None:
                     self.step()
             except Exception as e:  # noqa: BLE001 - reported through health(), never silent
@@ -368,7 +372,8 @@ class Engine:
                 self._stop_serving(f"engine loop failed: {type(e).__name__}: {e}")
 
     def step(self) -> bool:
-        """One schedule → run → commit, then publish a snapshot. Returns whether a plan ran."""
+        """One step of the loop (schedule → run → commit; with overlap the commit of the step
+        before), then publish a snapshot. Returns whether anything ran."""
         try:
             return self._step()
         except Exception as e:  # noqa: BLE001 - a bug outside any one request's handling
@@ -379,34 +384,22 @@ class Engine:
             self._publish()
 
     def _step(self) -> bool:
-        sch = self.scheduler
-        t0 = time.perf_counter()
-        plan = sch.schedule()
-        if plan is None:
-            return False
-        if sch.n_changes != self._changes_published or any(len(c.tokens) != 1 for c in plan.chunks):
+        ran = self.loop.step(self._before_launch)
+        if ran:
+            if self.opts.check_integrity:
+                self.cache.check_integrity()
+            if self.step_hook is not None:
+                self.step_hook(self)
+        return ran
+
+    def _before_launch(self, plan: Plan) -> None:
+        if self.scheduler.n_changes != self._changes_published or any(len(c.tokens) != 1 for c in plan.chunks):
             self._publish()  # what is running during the forward (admissions, slots)
-        t1 = time.perf_counter()
-        try:
-            out = self.runner.run(plan)
-        except Exception:  # a failed forward fails its requests, not the server
-            log.exception("forward pass failed")
-            sch.fail_plan(plan, "Compute error.")
-            return True
-        t2 = time.perf_counter()
-        sch.commit(plan, out)
-        st = sch.stats
-        st.scheduler_s += (t1 - t0) + (time.perf_counter() - t2)
-        st.forward_s += t2 - t1
-        if self.opts.check_integrity:
-            self.cache.check_integrity()
-        if self.step_hook is not None:
-            self.step_hook(self)
-        return True
 
     def _recover(self, e: BaseException) -> None:
         """Fail every request; go on only if the cache's invariants still hold."""
         msg = f"got exception: {e}"
+        self.loop.drop()
         try:
             self.scheduler.fail_everything(msg)
             self.cache.check_integrity()
@@ -416,6 +409,7 @@ class Engine:
 
     def _stop_serving(self, reason: str) -> None:
         self.fatal = reason
+        self.loop.drop()
         try:
             self.scheduler.fail_everything(reason, 503, "unavailable_error")
             self._publish()

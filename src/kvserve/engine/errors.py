@@ -19,3 +19,11 @@ class EngineError(Exception):
         self.code = code
         self.type = type
         self.extra = dict(extra or {})
+
+
+def exceed_context(n_prompt: int, n_ctx: int) -> tuple[int, str, str, dict[str, Any]]:
+    msg = (
+        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), "
+        "try increasing it"
+    )
+    return 400, msg, "exceed_context_size_error", {"n_prompt_tokens": n_prompt, "n_ctx": n_ctx}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -95,6 +96,16 @@ class Pending:
         return self._host.tolist()
 
 
+def to_device(values: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A host list as a tensor on ``device`` without waiting for the device: on CUDA through
+    pinned memory and a non-blocking copy (``torch.tensor(..., device=cuda)`` synchronizes the
+    stream, which would stall the host behind the queued steps)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
     """``sample_tokens`` without the wait: the tokens as a device tensor [B] (int64)."""
     dev = raw.device
@@ -102,14 +113,14 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
     if bias:  # as the chain's input: the biases added to a copy of the logits
         raw = raw.clone()
         r, t, b = zip(*bias)
-        raw.index_put_((torch.tensor(r, device=dev), torch.tensor(t, device=dev)),
-                       torch.tensor(b, dtype=raw.dtype, device=dev), accumulate=True)
+        raw.index_put_((to_device(r, torch.int64, dev), to_device(t, torch.int64, dev)),
+                       to_device(b, raw.dtype, dev), accumulate=True)
     raw = _penalize(raw, samplers, cloned=bool(bias))
     dist = [i for i, s in enumerate(samplers) if s.final == "dist"]
     if len(dist) < len(samplers):
         tokens = raw.argmax(-1)
     if dist:
-        x = raw if len(dist) == len(samplers) else raw[torch.tensor(dist, device=dev)]
+        x = raw if len(dist) == len(samplers) else raw[to_device(dist, torch.int64, dev)]
         table = []
         for i in dist:
             s = samplers[i]
@@ -119,12 +130,12 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
                           p.top_p if "top_p" in plan else float("inf"),
                           p.min_p if "min_p" in plan else 0.0,
                           p.temperature if "temperature" in plan else 1.0])
-        cols = torch.tensor(table, dtype=torch.float64).to(dev, non_blocking=True)
+        cols = to_device(table, torch.float64, dev)
         picked = _dist(x, cols, int(max(r[1] for r in table)))
         if len(dist) == len(samplers):
             tokens = picked
         else:
-            tokens[torch.tensor(dist, device=dev)] = picked
+            tokens[to_device(dist, torch.int64, dev)] = picked
     return tokens
 
 

@@ -52,17 +52,33 @@ class Sampling:
     def sample(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> list[SampleResult]:
         return self._accept(sample_batch(logits, samplers), samplers)
 
-    def sample_async(self, logits: torch.Tensor, samplers: list[SequenceSampler]) -> Callable[[], list[SampleResult]]:
-        """``sample`` in two halves: the returned function gives the results. On the fast path the
-        work is queued on the logits' device now and the function waits for its one copy back, so
-        the caller can do host work in between; otherwise everything happens in the function."""
+    def sample_async(self, logits: torch.Tensor, samplers: list[SequenceSampler],
+                     ready: Callable[[], None] | None = None) -> SampleJob:
+        """``sample`` in two halves: calling the returned job gives the results. On the fast path
+        the work is queued on the logits' device now (``job.tokens``: the sampled ids there) and
+        the job waits for its one copy back, so the caller can do host work in between;
+        otherwise everything happens in the job. ``ready``: waits until the logits exist (the
+        runner's ``RunOutput.ready``)."""
         v = samplers[0].vocab_size if samplers else 0
         if sampler_fast.applies(samplers) and logits.dim() == 2 and logits.shape[0] == len(samplers) \
                 and logits.shape[1] >= v and all(s.vocab_size == v for s in samplers):
             raw = logits[:, :v].float()
-            pending = sampler_fast.Pending(sampler_fast.launch(raw, samplers))
-            return lambda: self._accept([SampleResult(t, 0.0) for t in pending.tokens()], samplers)
-        return lambda: self.sample(logits, samplers)
+            dev_tokens = sampler_fast.launch(raw, samplers)
+            pending = sampler_fast.Pending(dev_tokens)
+
+            def fast() -> list[SampleResult]:
+                if ready is not None:
+                    ready()
+                return self._accept([SampleResult(t, 0.0) for t in pending.tokens()], samplers)
+
+            return SampleJob(fast, dev_tokens)
+
+        def chain() -> list[SampleResult]:
+            if ready is not None:
+                ready()
+            return self.sample(logits, samplers)
+
+        return SampleJob(chain, None)
 
     def _accept(self, results: list[SampleResult], samplers: list[SequenceSampler]) -> list[SampleResult]:
         for i, (s, r) in enumerate(zip(samplers, results)):
@@ -76,6 +92,22 @@ class Sampling:
         return results
 
 
+class SampleJob:
+    """Sampling of one step under way: ``job()`` gives the results (waiting for them).
+    ``tokens``: the sampled ids as a device tensor [rows] (int64) before they reach the host,
+    where the fast path made them (None on the full chain). The results may still differ from
+    them where the host replaces a token (a row with a reasoning budget)."""
+
+    __slots__ = ("_fn", "tokens")
+
+    def __init__(self, fn: Callable[[], list[SampleResult]], tokens: torch.Tensor | None) -> None:
+        self._fn = fn
+        self.tokens = tokens
+
+    def __call__(self) -> list[SampleResult]:
+        return self._fn()
+
+
 def logit_rows(out: RunOutput, seq_ids: list[int]) -> torch.Tensor:
     """[len(seq_ids), V]: the last logits row of each sequence, taken from the step's batch
     tensor when the runner gave one (no per-row slicing and stacking), else stacked."""
@@ -84,5 +116,5 @@ def logit_rows(out: RunOutput, seq_ids: list[int]) -> torch.Tensor:
         idx = [where[s] for s in seq_ids]
         if idx == list(range(b.shape[0])):
             return b
-        return b[torch.tensor(idx, device=b.device)]
+        return b[sampler_fast.to_device(idx, torch.int64, b.device)]
     return torch.stack([out.logits[s][-1] for s in seq_ids])  # type: ignore[index]

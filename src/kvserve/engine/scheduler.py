@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..cache.page_pool import OutOfPages
+from .context_shift import context_shift
+from .errors import exceed_context
 from .outcome import cancelled_event, final_event, grammar_stop, push_token, record_finish
 from .output import TextOutput
 from ..plan import Plan, RunOutput, SeqChunk
@@ -31,6 +33,16 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Launched:
+    """A step between the halves of its commit: its plan, the sequences sampled (row order)
+    and the sampling under way (None: nothing sampled)."""
+
+    plan: Plan
+    due: list[Sequence]
+    job: Any
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     n_slots: int
     n_ctx_slot: int
@@ -43,14 +55,6 @@ class SchedulerConfig:
     special: bool = False  # render special tokens in output text (-sp)
     model_key: str = ""  # model part of the cache identity
     share_across_slots: bool = True  # --cache-idle-slots; False keeps each slot's KV to itself
-
-
-def exceed_context(n_prompt: int, n_ctx: int) -> tuple[int, str, str, dict[str, Any]]:
-    msg = (
-        f"request ({n_prompt} tokens) exceeds the available context size ({n_ctx} tokens), "
-        "try increasing it"
-    )
-    return 400, msg, "exceed_context_size_error", {"n_prompt_tokens": n_prompt, "n_ctx": n_ctx}
 
 
 class Scheduler:
@@ -72,8 +76,7 @@ class Scheduler:
     # -- intake ----------------------------------------------------------------------------
     def add(self, req: GenerationRequest, emit: Emit) -> None:
         n = len(req.prompt_tokens)
-        bad = next((t for t in req.prompt_tokens if not 0 <= t < self.tok.n_vocab), None)
-        if bad is not None:
+        if n and (min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= self.tok.n_vocab):
             emit(ErrorEvent(req.id, req.index, 400, "Prompt contains invalid tokens", "invalid_request_error"))
             return
         if n >= self.cfg.n_ctx_slot:
@@ -173,7 +176,7 @@ class Scheduler:
     def _decode_pages(self, seq: Sequence, in_plan: set[int]) -> tuple[int, ...] | None:
         """Pages for ``seq``'s next token (context shift first when the slot is full)."""
         if seq.n_computed + 1 >= self.cfg.n_ctx_slot:
-            if not self._with_room(seq, in_plan, lambda: self._context_shift(seq)):
+            if not self._with_room(seq, in_plan, lambda: context_shift(seq, self.cfg, self.cache, self.tok.add_bos)):
                 return None
         return self._reserve(seq, seq.n_computed + 1, in_plan)
 
@@ -353,56 +356,56 @@ class Scheduler:
             tim = timings(seq.n_computed, seq.n_cached, 0, ms, 0.0) if p.timings_per_token else None
             seq.emit(ProgressEvent(seq.id, seq.req.index, seq.n_prompt, seq.n_cached, seq.n_computed, ms, tim))
 
-    def _context_shift(self, seq: Sequence) -> None:
-        n_ctx = self.cfg.n_ctx_slot
-        p = seq.req.params
-        n_keep = seq.n_prompt if p.n_keep < 0 else p.n_keep
-        if self.tok.add_bos:
-            n_keep += 1
-        n_keep = max(0, min(n_keep, n_ctx - 4))
-        n_left = seq.n_computed - n_keep
-        n_discard = p.n_discard if p.n_discard > 0 else n_left // 2
-        n_discard = max(0, min(n_discard, n_left - 1))
-        if n_discard <= 0:
-            return
-        moves = self.cache.shift(seq.id, n_keep, n_discard, seq.n_computed)
-        del seq.tokens[n_keep : n_keep + n_discard]
-        seq.n_computed -= n_discard
-        seq.pending_moves = tuple(seq.pending_moves) + tuple(moves)
-        seq.truncated = True
-        log.info("task %d: context shift, n_keep = %d, n_discard = %d", seq.id, n_keep, n_discard)
-
     # -- commit ----------------------------------------------------------------------------
     def commit(self, plan: Plan, out: RunOutput) -> None:
-        """Advance counters, publish computed pages, sample, apply stop rules and emit. An
-        exception while handling one sequence fails that sequence; one in the batched
-        sampling call fails the sequences being sampled. Sampling is queued on the device
-        first, so the bookkeeping of the step runs while the device samples."""
-        now = time.perf_counter()
-        live = [(seq, c) for c in plan.chunks if (seq := self.running.get(c.seq_id)) is not None
-                and not seq.cancelled and seq.state is not SeqState.DONE]
-        due = [seq for seq, c in live
-               if seq.state is not SeqState.PREFILL or seq.n_computed + len(c.tokens) >= seq.n_target]
-        resolve = None
+        """Advance counters, publish computed pages, sample, apply stop rules and emit:
+        ``complete(launch(plan, out))``."""
+        self.complete(self.launch(plan, out))
+
+    def launch(self, plan: Plan, out: RunOutput) -> Launched:
+        """The first half of the commit: queue the sampling of the plan's due rows (on the
+        device, on the fast path). An exception there fails the sequences being sampled."""
+        due = []
+        for c in plan.chunks:
+            seq = self.running.get(c.seq_id)
+            if seq is None or seq.cancelled or seq.state is SeqState.DONE:
+                continue
+            if seq.state is not SeqState.PREFILL or seq.n_computed + len(c.tokens) >= seq.n_target:
+                due.append(seq)
+        job = None
         if due:
             try:
                 rows = logit_rows(out, [s.id for s in due])
-                resolve = self.sampling.sample_async(rows, [s.sampler for s in due])
+                job = self.sampling.sample_async(rows, [s.sampler for s in due], out.ready)
             except Exception as e:  # noqa: BLE001 - fails the sampled requests, not the server
                 self.crash(due, e)
-        for seq, chunk in live:
-            if not seq.cancelled:
-                self._guarded(seq, self._advance, seq, chunk, now)
+                due = []
+        return Launched(plan, due, job)
+
+    def complete(self, launched: Launched) -> None:
+        """The second half: advance counters and publish pages, wait for the sampled tokens,
+        then apply them (stop rules, events). Sequences that ended since the launch (a stop in
+        the step before, a cancellation) are skipped. An exception while handling one sequence
+        fails that sequence; one while waiting for the tokens fails the sampled ones."""
+        now = time.perf_counter()
+        for c in launched.plan.chunks:
+            seq = self.running.get(c.seq_id)
+            if seq is not None and not seq.cancelled and seq.state is not SeqState.DONE:
+                self._guarded(seq, self._advance, seq, c, now)
         self.stats.n_decode_total += 1
         self.stats.busy_slots_sum += sum(1 for s in self.slots if s.busy)
-        if resolve is None:
+        if launched.job is None:
             return
+        t0 = time.perf_counter()
         try:
-            results = resolve()
+            results = launched.job()
         except Exception as e:  # noqa: BLE001
-            self.crash([s for s in due if not s.cancelled], e)
+            self.crash([s for s in launched.due if not s.cancelled], e)
             return
-        for seq, res in zip(due, results):
+        now = time.perf_counter()
+        if getattr(launched.job, "tokens", None) is not None:  # the fast path: all of it was waiting
+            self.stats.device_wait_s += now - t0
+        for seq, res in zip(launched.due, results):
             if not seq.cancelled and seq.state is not SeqState.DONE:
                 self._guarded(seq, self._on_token, seq, res, now)
 

@@ -120,6 +120,7 @@ def build_snapshot(scheduler: Any, cache: Any, page_bytes: int) -> EngineSnapsho
         "kvserve:kv_preemptions_total": st.preemptions,
         "kvserve:scheduler_seconds_total": st.scheduler_s,
         "kvserve:forward_seconds_total": st.forward_s,
+        "kvserve:device_wait_seconds_total": st.device_wait_s,
     })
     info = {
         "page_tokens": cache.page_size,

@@ -46,6 +46,7 @@ class EngineStats:
     requests_finished: int = 0
     scheduler_s: float = 0.0  # Python time in schedule() + commit() (sampling included)
     forward_s: float = 0.0  # time in runner.run()
+    device_wait_s: float = 0.0  # of scheduler_s: waiting for the device's sampled tokens (fast path)
     requests_cancelled: int = 0
     preemptions: int = 0  # sequences whose KV pages were taken back (recomputed later)
     t_start: float = field(default_factory=time.time)

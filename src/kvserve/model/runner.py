@@ -23,7 +23,7 @@ from torch.autograd.profiler import record_function
 
 from ..plan import Plan, RunOutput, SeqChunk, TierCopy
 from .backends import StepSeq, backend_name, make_backend
-from .graph_runner import GraphRunner
+from .graph_runner import GraphRunner, fill_fed
 from .host_kv import HostKVStore
 from .kv_store import PagedKVStore
 from .loader import LoadedModel
@@ -70,6 +70,8 @@ class ModelRunner:
         if self.backend.supports_graphs and self.device.type == "cuda" and graphs_on:
             self.graphs = GraphRunner(self.model, self.backend, max(1, min(max_batch, self.n_ubatch)))
         log.info("attention backend: %s%s", self.backend.name, ", CUDA graphs for decode" if self.graphs else "")
+        # ``run`` returns once the step is queued; the device finishes it later (CUDA streams)
+        self.asynchronous = self.device.type == "cuda"
 
     def attach_host_tier(self, capacity: int | None) -> HostKVStore:
         """Host memory for up to ``capacity`` evicted pages (None: unbounded)."""
@@ -102,10 +104,15 @@ class ModelRunner:
         return [b for b in batches if b]
 
     @torch.inference_mode()
-    def run(self, plan: Plan) -> RunOutput:
+    def run(self, plan: Plan, prev_tokens: torch.Tensor | None = None) -> RunOutput:
+        """``prev_tokens``: the previous step's sampled tokens on the device (int64 [rows]),
+        the tokens of the plan's fed chunks (``Plan.feed``)."""
         t0 = time.perf_counter()
         if plan.copies:
             self.apply_copies(plan.copies)
+        fed = {c.seq_id: r for c, r in zip(plan.chunks, plan.feed) if r >= 0}
+        if fed and prev_tokens is None:
+            raise ValueError("a plan with fed chunks needs the previous step's tokens")
         if plan.moves:
             with record_function("kvserve.moves"):
                 self.kv.apply_moves(plan.moves)
@@ -117,8 +124,12 @@ class ModelRunner:
             seqs = [StepSeq(c.seq_id, c.start_pos, 1, c.page_table) for c in plan.chunks]
             mode, groups = self.backend.graph_mode(seqs) if bucket is not None else ("eager", None)
             if bucket is not None and mode != "eager":
+                feed = None
+                if fed:
+                    feed = (prev_tokens, [fed.get(c.seq_id, -1) for c in plan.chunks])
                 with record_function("kvserve.graph_replay"):
-                    logits = self.graphs.run(bucket, seqs, [c.tokens[0] for c in plan.chunks], groups)
+                    logits = self.graphs.run(bucket, seqs, [max(0, c.tokens[0]) for c in plan.chunks], groups,
+                                             feed)
                 out = {c.seq_id: logits[i : i + 1] for i, c in enumerate(plan.chunks)}
                 rows = {c.seq_id: i for i, c in enumerate(plan.chunks)}
                 return RunOutput(logits=out, forward_s=time.perf_counter() - t0, batch=logits, batch_rows=rows)
@@ -127,7 +138,19 @@ class ModelRunner:
             rf.__enter__()
             ids = [tok for p in batch for tok in p.chunk.tokens[p.offset : p.offset + p.n]]
             seqs = [StepSeq(p.chunk.seq_id, p.chunk.start_pos + p.offset, p.n, p.chunk.page_table) for p in batch]
+            if fed:
+                ids = [max(0, t) for t in ids]
             ids_t, step = self.backend.prepare(seqs, ids)
+            if fed:
+                dst, src = [], []
+                q = 0
+                for p in batch:
+                    if p.chunk.seq_id in fed:
+                        dst.append(q)
+                        src.append(fed[p.chunk.seq_id])
+                    q += p.n
+                if dst:
+                    ids_t = fill_fed(ids_t, dst, prev_tokens, src)
             rf.__exit__(None, None, None)
             with record_function("kvserve.forward"):
                 hidden = self.model(ids_t, step)

@@ -56,6 +56,9 @@ KVSERVE_HELP: dict[str, str] = {
     "kv_pages_in_use": "KV pages held by running sequences",
     "kv_page_tokens": "Tokens per KV page",
     "kv_preemptions_total": "Sequences whose KV pages were taken back when the pool ran out (recomputed)",
+    "scheduler_seconds_total": "Engine thread time outside runner.run (scheduling, commit, sampling glue)",
+    "forward_seconds_total": "Engine thread time in runner.run (on CUDA: until the step is queued)",
+    "device_wait_seconds_total": "Of scheduler_seconds_total: waiting for the device's sampled tokens",
 }
 
 _SERIES = re.compile(r"^kvserve:([a-zA-Z_][a-zA-Z0-9_]*)(\{.*\})?$")
