@@ -23,3 +23,31 @@ def test_lcp_len_matches_the_plain_loop() -> None:
         b = a[:cut] + [rng.randrange(50) for _ in range(rng.randrange(300))]
         assert lcp_len(a, b) == _naive(a, b)
         assert lcp_len(tuple(a), b) == _naive(a, b)  # mixed sequence types
+
+
+def test_lcp_bytes_matches_the_plain_loop() -> None:
+    from kvserve.engine.slots import lcp_bytes, token_bytes
+
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.choice([0, 1, 2, 5, 127, 1000, 2500])
+        a = [rng.randrange(70_000) for _ in range(n)]
+        cut = rng.randrange(n + 1)
+        b = a[:cut] + [rng.randrange(70_000) for _ in range(rng.randrange(300))]
+        assert lcp_bytes(token_bytes(a), token_bytes(b)) == _naive(a, b)
+        assert lcp_bytes(token_bytes(b), token_bytes(a)) == _naive(a, b)
+
+
+def test_slot_choice_follows_the_slots_token_list() -> None:
+    from kvserve.engine.slots import Slot, choose_slot
+
+    slots = [Slot(i, 4096) for i in range(3)]
+    slots[0].prompt_tokens = [1, 2, 3, 4, 5, 6]
+    slots[1].prompt_tokens = [1, 2, 9, 9]
+    assert choose_slot(slots, [1, 2, 3, 4, 7], -1, 0.1) is slots[0]
+    slots[0].prompt_tokens = [5, 5]  # replaced: the cached bytes must not be reused
+    assert choose_slot(slots, [1, 2, 3, 4, 7], -1, 0.1) is slots[1]
+    slots[1].prompt_tokens.extend([3, 4])  # grown in place
+    slots[1].prompt_tokens[2:4] = [3, 4]
+    slots[1].prompt_tokens = list(slots[1].prompt_tokens)
+    assert choose_slot(slots, [1, 2, 3, 4, 7], -1, 0.1) is slots[1]

@@ -6,6 +6,7 @@ last request, which is what ``/slots`` shows and what LCP similarity compares ag
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -49,18 +50,51 @@ def lcp_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def choose_slot(slots: list[Slot], tokens: Sequence[int], id_slot: int, sps: float) -> Slot | None:
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """``tokens`` as 4-byte machine integers: common prefixes then compare with memcmp."""
+    return array("i", tokens).tobytes()
+
+
+def lcp_bytes(a: bytes, b: bytes) -> int:
+    """``lcp_len`` of two ``token_bytes`` strings: one comparison of the whole common length,
+    else a binary search over prefix comparisons (each a memcmp, not a loop over ints)."""
+    n = min(len(a), len(b)) // 4
+    if a[: 4 * n] == b[: 4 * n]:
+        return n
+    lo, hi = 0, n  # the first lo tokens agree; the first hi do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[: 4 * mid] == b[: 4 * mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _slot_bytes(s: Slot) -> bytes:
+    """The slot's ``token_bytes``, kept until its token list is replaced or grows."""
+    src = s.prompt_tokens
+    cached = s.__dict__.get("_bytes")
+    if cached is None or cached[0] is not src or cached[1] != len(src):
+        cached = (src, len(src), token_bytes(src))
+        s.__dict__["_bytes"] = cached
+    return cached[2]
+
+
+def choose_slot(slots: list[Slot], tokens: Sequence[int], id_slot: int, sps: float,
+                key: bytes | None = None) -> Slot | None:
     """llama-server's order: explicit id (returned even when busy; the caller waits), then LCP
     similarity over idle slots with a prompt (strictly > sps, first best wins), then LRU over
-    idle slots (ties to the highest id)."""
+    idle slots (ties to the highest id). ``key``: ``token_bytes(tokens)`` if the caller has it."""
     if id_slot != -1:
         return slots[id_slot % len(slots)] if id_slot >= 0 else None
     if sps != 0 and tokens:
         best, best_sim = None, -1.0
+        mine = key if key is not None else token_bytes(tokens)
         for s in slots:
             if s.busy or not s.prompt_tokens:
                 continue
-            sim = lcp_len(s.prompt_tokens, tokens) / len(tokens)
+            sim = lcp_bytes(_slot_bytes(s), mine) / len(tokens)
             if sim > best_sim and sim > sps:
                 best, best_sim = s, sim
         if best is not None:

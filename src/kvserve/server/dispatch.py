@@ -129,8 +129,23 @@ class Dispatch:
     def done(self) -> bool:
         return not self.pending
 
+    def next_nowait(self) -> EngineEvent | None:
+        """The next event of a still-pending request if one is already here, else None."""
+        while not self.queue.empty():
+            ev = self.queue.get_nowait()
+            if ev.request_id not in self.pending:
+                continue  # late event of a cancelled/finished request
+            if isinstance(ev, (FinalEvent, ErrorEvent)):
+                self.pending.discard(ev.request_id)
+            self._last_event = self.loop.time()
+            return ev
+        return None
+
     async def next(self, timeout: float | None) -> EngineEvent | None:
         """The next event of a still-pending request (None after ``timeout`` seconds)."""
+        ev = self.next_nowait()  # no timer and no task when one is waiting already
+        if ev is not None:
+            return ev
         while True:
             try:
                 if timeout is None:

@@ -69,9 +69,8 @@ def tokenize_prompts(tok: TokenizerLike, prompt: Any, add_special: bool = True,
 
 
 def validate_tokens(tokens: Sequence[int], n_vocab: int) -> None:
-    for t in tokens:
-        if t < 0 or t >= n_vocab:
-            raise invalid("Prompt contains invalid tokens")
+    if tokens and (min(tokens) < 0 or max(tokens) >= n_vocab):
+        raise invalid("Prompt contains invalid tokens")
 
 
 # ---------------------------------------------------------------------------------------

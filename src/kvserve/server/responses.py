@@ -6,8 +6,6 @@ Key order follows llama-server (``server-task.cpp``) so raw bodies diff cleanly 
 from __future__ import annotations
 
 import math
-import secrets
-import string
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,14 +16,14 @@ from kvserve.engine.stats import timings as engine_timings
 from kvserve.server.chat_parsing import ChatMsg, parse_final
 from kvserve.server.gensettings import generation_settings
 from kvserve.server.params import CompletionParams
+from kvserve.server.random_ids import random_alnum
 
 LOWEST_FLOAT = -3.4028234663852886e38  # log(0) is reported as the lowest float, not -inf
-_ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
 
 def completion_id() -> str:
     """``chatcmpl-`` + 32 random alphanumerics (also used for text completions)."""
-    return "chatcmpl-" + "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return "chatcmpl-" + random_alnum(32)
 
 
 @dataclass

@@ -18,8 +18,6 @@ OpenAI SDKs' stream helpers can assemble the response. No ``[DONE]``.
 
 from __future__ import annotations
 
-import secrets
-import string
 import time
 from typing import Any
 
@@ -27,12 +25,12 @@ from kvserve.engine.request import FinalEvent, ProgressEvent, TokenEvent
 from kvserve.server import responses as R
 from kvserve.server.chat_parsing import ChatMsg, ChatStream, MsgDiff
 from kvserve.server.jsonio import dumps
+from kvserve.server.random_ids import random_alnum
 
-_ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
 
 def random_id(prefix: str) -> str:
-    return prefix + "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return prefix + random_alnum(32)
 
 
 def usage(ev: FinalEvent) -> dict[str, Any]:

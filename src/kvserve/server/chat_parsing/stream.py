@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import logging
-import secrets
-import string
 
 from kvserve.server.chat_parsing.msg import ChatMsg, DiffError, MsgDiff, compute_diffs
 from kvserve.server.chat_parsing.syntax import ChatSyntax
+from kvserve.server.random_ids import random_alnum
 
 log = logging.getLogger("kvserve.server")
-_ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 
 
 def tool_call_id() -> str:
     """32 random alphanumerics, like llama-server's ``gen_tool_call_id``."""
-    return "".join(secrets.choice(_ALNUM) for _ in range(32))
+    return random_alnum(32)
 
 
 class ChatStream:
