@@ -18,8 +18,8 @@
 #   server   HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and
 #            a 64-request burst over a fresh ~2,000-token shared prefix, then the same burst again
 #            (cached): TTFT of each round apart (bench/throughput.py --burst)
-# With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs the 64-stream
-# workload on that tree too: a before/after in the same run.
+# With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
+# workloads on that tree too: a before/after in the same run.
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
@@ -50,7 +50,7 @@ if want tests; then
   # TRITON_INTERPRET=0: the kernels compiled for the GPU (a test module sets it to 1 when unset)
   TRITON_INTERPRET=0 $PY -m pytest -q -p no:cacheprovider -rs tests/unit/test_triton_kernels.py tests/unit/test_attention_backends.py \
       tests/unit/test_sampler_fast.py tests/unit/test_sampler.py tests/unit/test_quant_triton.py \
-      tests/unit/test_host_tier.py $GRAMMAR
+      tests/unit/test_host_tier.py tests/unit/test_overlap_cuda.py tests/unit/test_overlap.py $GRAMMAR
 fi
 if want parity; then
   phase "CPU fp32 vs CUDA bf16 parity"
@@ -101,6 +101,10 @@ if want server; then
     phase "server, baseline tree $BASELINE_SRC: 64 streams, 128-token prompts, 256 tokens each (1B)"
     PYTHONPATH="$BASELINE_SRC:${PYTHONPATH#src:}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
         --concurrency 64 --workloads distinct --n-predict 256 --prompt-words 38 --rounds 1 --start-timeout 150
+    phase "server, baseline tree $BASELINE_SRC: 64-request burst, shared prefix, twice (1B)"
+    PYTHONPATH="$BASELINE_SRC:${PYTHONPATH#src:}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
+        --concurrency 64 --workloads shared --n-predict 64 --prefix-words 600 --prompt-words 10 --rounds 2 --burst \
+        --start-timeout 150
   fi
   phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \

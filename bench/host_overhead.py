@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tree", action="append", default=[],
-                   help="NAME=SRC: run the server on the kvserve package under SRC (repeatable; default this tree)")
+                   help="NAME=SRC: run the server on the kvserve package under SRC, a PYTHONPATH (repeatable; "
+                        "default this tree)")
     p.add_argument("--step-ms", type=float, default=2.7)
     p.add_argument("--token-us", type=float, default=10.0)
     p.add_argument("--concurrency", type=int, default=64)
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeat):
         for name, src in trees:
             env_pp = os.environ.get("PYTHONPATH", "")
-            os.environ["PYTHONPATH"] = os.path.abspath(src)
+            os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(x) for x in src.split(os.pathsep))
             try:
                 for w in workloads:
                     prof = os.path.join(tempfile.gettempdir(), f"kvserve-host-{os.getpid()}-{name}-{w}")

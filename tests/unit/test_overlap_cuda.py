@@ -50,7 +50,7 @@ def _run(loaded, overlap: bool, n_slots: int) -> tuple[list[list[int]], int]:
 def test_overlap_on_cuda_matches_step_by_step(tmp_path, monkeypatch, graphs):
     monkeypatch.setenv("KVSERVE_CUDA_GRAPHS", graphs)
     n_slots = 6
-    path = write_random_gguf(str(tmp_path / "m.gguf"), SynthSpec(arch="llama", n_vocab=512))
+    path = write_random_gguf(str(tmp_path / "m.gguf"), SynthSpec(arch="llama", head_dim=32, n_embd=128, n_vocab=512))
     loaded = load_gguf(path, dtype=torch.bfloat16, device="cuda", weights="dense")
     plain, n0 = _run(loaded, overlap=False, n_slots=n_slots)
     fed, n_ahead = _run(loaded, overlap=True, n_slots=n_slots)
