@@ -102,15 +102,18 @@ def serve_main(argv: list[str]) -> None:
     p.add_argument("--step-ms", type=float, default=2.7, help="GPU time of a step (default: the 1B b64 step)")
     p.add_argument("--token-us", type=float, default=10.0, help="GPU time per token of a step")
     p.add_argument("--profile", help="write cProfile stats of the engine and HTTP threads under this prefix")
+    p.add_argument("--real-runner", action="store_true", help="keep the model runner (profile a real server)")
     ours, rest = p.parse_known_args(argv)
     from kvserve.__main__ import build_engine
     from kvserve.config import load_config
     from kvserve.plan import RunOutput
-    from kvserve.server.http_server import serve
 
     cfg = load_config(rest, os.environ)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname).1s %(name)s: %(message)s")
     engine = build_engine(cfg)
+    if ours.real_runner:
+        _serve(engine, cfg, ours.profile)
+        return
     asynchronous = any(f.name == "ready" for f in dataclasses.fields(RunOutput))
     engine.runner = NullRunner(engine.runner, ours.step_ms, ours.token_us, asynchronous, engine.n_slots)
     loop = getattr(engine, "loop", None)  # the engine's step loop holds the runner too
@@ -119,8 +122,14 @@ def serve_main(argv: list[str]) -> None:
 
         loop.runner = engine.runner
         loop.overlap = overlap_wanted(engine.runner, None)
+    _serve(engine, cfg, ours.profile)
+
+
+def _serve(engine: Any, cfg: Any, profile: str | None) -> None:
+    from kvserve.server.http_server import serve
+
     profs: list[Any] = []
-    if ours.profile:
+    if profile:
         import cProfile
 
         loop = engine._loop
@@ -132,7 +141,7 @@ def serve_main(argv: list[str]) -> None:
                 loop()
             finally:
                 eng_prof.disable()
-                eng_prof.dump_stats(ours.profile + ".engine")
+                eng_prof.dump_stats(profile + ".engine")
 
         engine._loop = profiled_loop  # type: ignore[method-assign]
         http_prof = cProfile.Profile()
@@ -148,7 +157,7 @@ def serve_main(argv: list[str]) -> None:
     finally:
         for pr in profs:
             pr.disable()
-            pr.dump_stats(ours.profile + ".http")
+            pr.dump_stats(profile + ".http")
         engine.stop()
 
 
@@ -188,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst-n-predict", type=int, default=16)
     p.add_argument("--workloads", default="streams,burst", help="streams,burst")
     p.add_argument("--profile", action="store_true", help="cProfile the engine and HTTP threads (slower)")
+    p.add_argument("--model", help="GGUF to serve (default: a tiny random model with the 1B vocabulary)")
+    p.add_argument("--real-runner", action="store_true",
+                   help="serve with the model runner instead of the null one (a GPU server's real host costs)")
     p.add_argument("--top", type=int, default=18)
     p.add_argument("--repeat", type=int, default=1, help="run the trees alternately this many times")
     args = p.parse_args(argv)
@@ -197,14 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     from common import print_conditions, print_table, scrape_metrics
     from engine import synth_path
 
-    model = synth_path(TINY, "F16", os.environ.get("KVSERVE_SYNTH_DIR", os.path.join(tempfile.gettempdir(),
-                                                                                      "kvserve-synth")))
+    model = args.model or synth_path(TINY, "F16", os.environ.get(
+        "KVSERVE_SYNTH_DIR", os.path.join(tempfile.gettempdir(), "kvserve-synth")))
     c = args.concurrency
     workloads = [w for w in args.workloads.split(",") if w]
     print_conditions("kvserve host overhead (null runner)", {
         "trees": "; ".join(f"{n}: {s}" for n, s in trees),
-        "model": f"{TINY} (random weights; only its vocabulary and tokenizer matter here)",
-        "runner": f"null: device timeline of {args.step_ms} ms per step + {args.token_us} us per token",
+        "model": args.model or f"{TINY} (random weights; only its vocabulary and tokenizer matter here)",
+        "runner": "the model's (--real-runner)" if args.real_runner else
+                  f"null: device timeline of {args.step_ms} ms per step + {args.token_us} us per token",
         "server": f"-c 262144 -np {c} --metrics (kvserve's HTTP layer, engine and scheduler as shipped)",
         "streams": f"{c} streams, distinct ~128-token prompts, n_predict {args.n_predict}, one request each",
         "burst": f"{c} requests at once over a fresh ~2,000-token shared prefix + distinct suffix, "
@@ -215,13 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(args.repeat):
         for name, src in trees:
             env_pp = os.environ.get("PYTHONPATH", "")
-            os.environ["PYTHONPATH"] = os.pathsep.join(os.path.abspath(x) for x in src.split(os.pathsep))
+            # the tree first; what the caller had after it (installed libraries)
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                [os.path.abspath(x) for x in src.split(os.pathsep)] + ([env_pp] if env_pp else []))
             try:
                 for w in workloads:
                     prof = os.path.join(tempfile.gettempdir(), f"kvserve-host-{os.getpid()}-{name}-{w}")
                     cmd = (f"{sys.executable} {os.path.join(HERE, 'host_overhead.py')} serve --step-ms {args.step_ms} "
                            f"--token-us {args.token_us} -m {model} -c 262144 -np {c} --metrics"
-                           + (f" --profile {prof}" if args.profile else ""))
+                           + (f" --profile {prof}" if args.profile else "")
+                           + (" --real-runner" if args.real_runner else ""))
                     if w == "streams":
                         targs = throughput.parse_args(["--cmd", cmd, "--concurrency", str(c), "--workloads", "distinct",
                                                        "--n-predict", str(args.n_predict), "--prompt-words", "38",
@@ -248,10 +264,12 @@ def main(argv: list[str] | None = None) -> int:
                     b, a = box.get("before"), box.get("after")
                     steps = _metric_delta(b, a, "llamacpp:n_decode_total")
                     sched = _metric_delta(b, a, "kvserve:scheduler_seconds_total")
-                    per = 1e3 * sched / steps if sched is not None and steps else None
+                    wait = _metric_delta(b, a, "kvserve:device_wait_seconds_total")
+                    per = 1e3 * (sched - (wait or 0.0)) / steps if sched is not None and steps else None
+                    wait_ms = 1e3 * wait / steps if wait is not None and steps else None
                     rows.append([rep + 1, name, w, len(lv.ok), len(lv.results) - len(lv.ok), lv.agg_tps,
                                  lv.stream_tps, steps, 1e3 * lv.wall_s / steps if steps else None, per,
-                                 lv.ttft_ms(50)])
+                                 wait_ms, lv.ttft_ms(50)])
                     if w == "burst":
                         for rnd in range(2):
                             x = lv.of_round(rnd)
@@ -265,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ["PYTHONPATH"] = env_pp
     print("## Runs\n")
     print_table(["rep", "tree", "workload", "ok", "err", "agg tok/s", "stream tok/s p50", "engine steps",
-                 "wall ms / step", "engine host ms / step", "TTFT p50 ms"], rows, digits=2)
+                 "wall ms / step", "engine host ms / step", "device wait ms / step", "TTFT p50 ms"], rows,
+                digits=2)
     if rrows:
         print("## Bursts (round 1 fresh prefix, round 2 cached)\n")
         print_table(["rep", "tree", "round", "ok", "TTFT mean ms", "TTFT p50 ms", "TTFT p95 ms", "prompt_n mean",
