@@ -151,7 +151,10 @@ def _serve(engine: Any, cfg: Any, profile: str | None) -> None:
     # that the profiles below are written
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     for pr in profs:
-        pr.enable()
+        try:
+            pr.enable()
+        except ValueError:  # Python 3.12+: one profiler per process, and the engine's sees every thread
+            profs.remove(pr)
     try:
         serve(engine, cfg)
     finally:
@@ -291,7 +294,11 @@ def main(argv: list[str] | None = None) -> int:
                      "cache_n mean"], rrows, digits=1)
     for rep, name, w, prof in profiles:
         for thread in ("engine", "http"):
-            print(f"## Profile: {name}, {w}, {thread} thread (cProfile own time; rep {rep})\n")
+            if not os.path.exists(f"{prof}.{thread}"):
+                continue
+            label = "every thread (one profiler per process on Python 3.12+)" \
+                if thread == "engine" and not os.path.exists(f"{prof}.http") else f"{thread} thread"
+            print(f"## Profile: {name}, {w}, {label} (cProfile own time; rep {rep})\n")
             print_table(["function", "own s", "% of thread", "calls", "cumulative s"],
                         top_functions(f"{prof}.{thread}", args.top), digits=3)
     for _rep, _name, _w, prof in profiles:

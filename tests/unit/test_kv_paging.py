@@ -186,3 +186,36 @@ def test_cascade_reference_in_bf16_with_a_window(window):
     got = attn.paged_attention(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), meta, window, d**-0.5)
     assert got.dtype == torch.bfloat16
     assert ((got.float() - want).abs().max() / want.abs().max()).item() < 2e-2
+
+
+def test_grouped_plain_copies_match_one_move_at_a_time(tmp_path):
+    """``apply_moves`` runs consecutive plain copies as one gather/scatter; chains where a move
+    reads or overwrites what an earlier one wrote must still see the order."""
+    import random
+
+    from kvserve.model.kv_store import PagedKVStore
+
+    cfg = load_gguf(write_random_gguf(str(tmp_path / "m.gguf"), SynthSpec(arch="llama", n_layer=2))).cfg
+    rng = random.Random(3)
+    for _ in range(30):
+        kv = PagedKVStore(cfg, 12, 4, torch.float32, torch.device("cpu"))
+        kv.k.normal_()
+        kv.v.normal_()
+        ref_k, ref_v = kv.k.clone(), kv.v.clone()
+        moves = []
+        for _ in range(rng.randrange(1, 6)):
+            n = rng.randrange(1, 9)
+            src = tuple(rng.sample(range(12), 3))
+            dst = tuple(rng.sample(range(12), 3))
+            moves.append(KVMove(src, rng.randrange(0, 4), dst, rng.randrange(0, 4), n))
+        for mv in moves:  # the reference: each move alone, reads before writes
+            s = torch.tensor(kv._host_rows(mv.src_pages, mv.src_start, mv.n_tokens))
+            d = torch.tensor(kv._host_rows(mv.dst_pages, mv.dst_start, mv.n_tokens))
+            if len(set(d.tolist())) < len(d):
+                continue
+            ref_k[:, d] = ref_k[:, s].clone()
+            ref_v[:, d] = ref_v[:, s].clone()
+        moves = [mv for mv in moves
+                 if len(set(kv._host_rows(mv.dst_pages, mv.dst_start, mv.n_tokens))) == mv.n_tokens]
+        kv.apply_moves(moves)
+        assert torch.equal(kv.k, ref_k) and torch.equal(kv.v, ref_v)

@@ -21,7 +21,10 @@ class Mt19937:
     """One ``std::mt19937(seed)`` stream (seed: 0 ≤ seed < 2³²)."""
 
     def __init__(self, seed: int) -> None:
-        self._bits = np.random.RandomState(seed)._bit_generator  # MT19937, legacy seeding
+        # MT19937 with the legacy seeding (init_genrand), as RandomState(seed) has it; built from
+        # a fixed seed first, which (unlike RandomState's) reads no OS entropy
+        self._bits = np.random.MT19937(0)
+        self._bits._legacy_seeding(seed)
 
     def next_u32(self, n: int = 1) -> list[int]:
         return [int(v) for v in self._bits.random_raw(n)]

@@ -109,13 +109,20 @@ def to_device(values: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
 def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
     """``sample_tokens`` without the wait: the tokens as a device tensor [B] (int64)."""
     dev = raw.device
-    bias = [(i, t, b) for i, s in enumerate(samplers) for t, b in s.bias]
+    summed: dict[tuple[int, int], float] = {}  # (row, token) -> bias, a token's biases summed
+    for i, s in enumerate(samplers):
+        for t, b in s.bias:
+            summed[(i, t)] = summed.get((i, t), 0.0) + b
+    bias = bool(summed)
     if bias:  # as the chain's input: the biases added to a copy of the logits
+        # one (row, token) index per entry: a plain gather and scatter (accumulate=True would sort
+        # on the device and cost the host a millisecond a step)
+        r, t = zip(*summed)
+        idx = to_device([r, t], torch.int64, dev)
+        ri, ti = idx[0], idx[1]
         raw = raw.clone()
-        r, t, b = zip(*bias)
-        raw.index_put_((to_device(r, torch.int64, dev), to_device(t, torch.int64, dev)),
-                       to_device(b, raw.dtype, dev), accumulate=True)
-    raw = _penalize(raw, samplers, cloned=bool(bias))
+        raw[ri, ti] = raw[ri, ti] + to_device(list(summed.values()), raw.dtype, dev)
+    raw = _penalize(raw, samplers, cloned=bias)
     dist = [i for i, s in enumerate(samplers) if s.final == "dist"]
     if len(dist) < len(samplers):
         tokens = raw.argmax(-1)

@@ -52,18 +52,56 @@ class PagedKVStore:
         self.v_layers[layer].index_copy_(0, rows, v if v.dtype == self.dtype else v.to(self.dtype))
 
     def apply_moves(self, moves: Sequence[KVMove]) -> None:
-        """Execute copies / shifts in order. Each move reads all its source rows before writing."""
+        """Execute copies / shifts in order. Each move reads all its source rows before writing.
+
+        Consecutive plain copies (``delta == 0``: copy-on-write of shared partial pages, one per
+        request that adopts a cached prefix) run as one gather and one scatter over all layers,
+        as long as none reads or overwrites a row an earlier one of the group writes (then the
+        order could matter; the group ends there). Row indices reach the device in one
+        non-blocking copy per group: no host wait."""
         cfg = self.cfg
+        group: list[tuple[list[int], list[int]]] = []
+        written: set[int] = set()
         for mv in moves:
             if mv.n_tokens <= 0:
                 continue
-            src = self.rows(mv.src_pages, mv.src_start, mv.n_tokens)
-            dst = self.rows(mv.dst_pages, mv.dst_start, mv.n_tokens)
-            for layer in range(cfg.n_layer):
-                keys = self.k[layer].index_select(0, src)
-                if mv.delta:
+            if mv.delta:
+                self._copy_rows(group)
+                group, written = [], set()
+                src = self._device_rows(self._host_rows(mv.src_pages, mv.src_start, mv.n_tokens))
+                dst = self._device_rows(self._host_rows(mv.dst_pages, mv.dst_start, mv.n_tokens))
+                for layer in range(cfg.n_layer):
                     base, scale = cfg.layer_rope(layer)
-                    keys = rope_shift(keys, mv.delta, cfg.rope_dim, base, scale, cfg.rope_style)
-                self.k[layer].index_copy_(0, dst, keys)
-                self.v[layer].index_copy_(0, dst, self.v[layer].index_select(0, src))
+                    keys = rope_shift(self.k[layer].index_select(0, src), mv.delta, cfg.rope_dim, base, scale,
+                                      cfg.rope_style)
+                    self.k[layer].index_copy_(0, dst, keys)
+                    self.v[layer].index_copy_(0, dst, self.v[layer].index_select(0, src))
+                continue
+            src_h = self._host_rows(mv.src_pages, mv.src_start, mv.n_tokens)
+            dst_h = self._host_rows(mv.dst_pages, mv.dst_start, mv.n_tokens)
+            if written.intersection(src_h) or written.intersection(dst_h):
+                self._copy_rows(group)
+                group, written = [], set()
+            group.append((src_h, dst_h))
+            written.update(dst_h)
+        self._copy_rows(group)
 
+    def _host_rows(self, pages: Sequence[int], start: int, n: int) -> list[int]:
+        ps = self.page_size
+        return [pages[p // ps] * ps + p % ps for p in range(start, start + n)]
+
+    def _device_rows(self, rows: list[int]) -> torch.Tensor:
+        t = torch.tensor(rows, dtype=torch.int64)
+        if self.device.type == "cuda":
+            return t.pin_memory().to(self.device, non_blocking=True)
+        return t.to(self.device)
+
+    def _copy_rows(self, group: list[tuple[list[int], list[int]]]) -> None:
+        """Plain copies of every layer's K and V rows (sources all read before any write)."""
+        if not group:
+            return
+        both = self._device_rows([r for src, _ in group for r in src] + [r for _, dst in group for r in dst])
+        n = both.shape[0] // 2
+        src, dst = both[:n], both[n:]
+        self.k.index_copy_(1, dst, self.k.index_select(1, src))
+        self.v.index_copy_(1, dst, self.v.index_select(1, src))
