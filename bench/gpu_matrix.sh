@@ -19,7 +19,8 @@
 #            a 64-request burst over a fresh ~2,000-token shared prefix, then the same burst again
 #            (cached): TTFT of each round apart (bench/throughput.py --burst)
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
-# workloads on that tree too: a before/after in the same run.
+# workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
+# PYTHONPATH, when its libraries differ). OVERLAP_AB=1 adds the 64 streams with KVSERVE_OVERLAP=0.
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
@@ -99,16 +100,21 @@ if want server; then
   SRV="$PY -m kvserve -m $(synth "$S1B") -c 262144 -np 64 --metrics"
   if [ -n "${BASELINE_SRC:-}" ]; then
     phase "server, baseline tree $BASELINE_SRC: 64 streams, 128-token prompts, 256 tokens each (1B)"
-    PYTHONPATH="$BASELINE_SRC:${PYTHONPATH#src:}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
+    PYTHONPATH="${BASELINE_PYTHONPATH:-$BASELINE_SRC:${PYTHONPATH#src:}}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
         --concurrency 64 --workloads distinct --n-predict 256 --prompt-words 38 --rounds 1 --start-timeout 150
     phase "server, baseline tree $BASELINE_SRC: 64-request burst, shared prefix, twice (1B)"
-    PYTHONPATH="$BASELINE_SRC:${PYTHONPATH#src:}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
+    PYTHONPATH="${BASELINE_PYTHONPATH:-$BASELINE_SRC:${PYTHONPATH#src:}}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
         --concurrency 64 --workloads shared --n-predict 64 --prefix-words 600 --prompt-words 10 --rounds 2 --burst \
         --start-timeout 150
   fi
   phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \
       --prompt-words 38 --rounds 1 --start-timeout 150
+  if [ -n "${OVERLAP_AB:-}" ]; then
+    phase "server, overlap off (KVSERVE_OVERLAP=0): 64 streams, 128-token prompts, 256 tokens each (1B)"
+    KVSERVE_OVERLAP=0 timeout 240 $PY bench/throughput.py --cmd "$SRV" --name no-overlap --concurrency 64 \
+        --workloads distinct --n-predict 256 --prompt-words 38 --rounds 1 --start-timeout 150
+  fi
   phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
       --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150
