@@ -20,7 +20,8 @@
 #            (cached): TTFT of each round apart (bench/throughput.py --burst)
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
-# PYTHONPATH, when its libraries differ). OVERLAP_AB=1 adds the 64 streams with KVSERVE_OVERLAP=0.
+# PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
+# once per setting (same run).
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
@@ -110,11 +111,11 @@ if want server; then
   phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \
       --prompt-words 38 --rounds 1 --start-timeout 150
-  if [ -n "${OVERLAP_AB:-}" ]; then
-    phase "server, overlap off (KVSERVE_OVERLAP=0): 64 streams, 128-token prompts, 256 tokens each (1B)"
-    KVSERVE_OVERLAP=0 timeout 240 $PY bench/throughput.py --cmd "$SRV" --name no-overlap --concurrency 64 \
+  for AB in ${SERVER_AB:-}; do  # e.g. SERVER_AB="KVSERVE_OVERLAP=0 KVSERVE_SWITCH_INTERVAL_MS=5"
+    phase "server with $AB: 64 streams, 128-token prompts, 256 tokens each (1B)"
+    env "$AB" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name "$AB" --concurrency 64 \
         --workloads distinct --n-predict 256 --prompt-words 38 --rounds 1 --start-timeout 150
-  fi
+  done
   phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
       --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150

@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import queue
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,6 +47,7 @@ from .snapshot import EngineSnapshot, SlotView, build_snapshot
 from .stats import EngineStats, throughput
 
 log = logging.getLogger("kvserve.engine")
+SWITCH_INTERVAL_MS = 1.0  # the interpreter's switch interval while steps overlap (see ``start``)
 
 
 @dataclass(frozen=True)
@@ -315,6 +317,12 @@ class Engine:
     def start(self) -> None:
         if self.opts.warmup:
             self.warmup()
+        # How long the HTTP thread may keep the interpreter while the engine thread waits for it
+        # (Python's default, 5 ms, is two decode steps of a 1B model on an H200: the device idles
+        # while the engine thread waits to launch the next step). KVSERVE_SWITCH_INTERVAL_MS sets it.
+        ms = os.environ.get("KVSERVE_SWITCH_INTERVAL_MS")
+        if ms is not None or self.loop.overlap:
+            sys.setswitchinterval(float(ms if ms is not None else SWITCH_INTERVAL_MS) / 1000.0)
         self._thread = threading.Thread(target=self._loop, name="kvserve-engine", daemon=True)
         self._thread.start()
         self.ready = True

@@ -11,6 +11,7 @@ Stream: the first event decides the status (an error is a plain JSON error), the
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence as SequenceABC
 from typing import Any
 
 from starlette.requests import Request
@@ -151,6 +152,24 @@ def _stream_format(kind: Kind, ctx: R.ResponseContext) -> sse.Format:
     return sse.NativeFormat(ctx)
 
 
+class LazyDecoded(SequenceABC[str]):
+    """Prompt texts (detokenized with special tokens), each decoded on first use."""
+
+    def __init__(self, tokenizer: Any, prompts: list[list[int]]) -> None:
+        self._tok = tokenizer
+        self._prompts = prompts
+        self._texts: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._prompts)
+
+    def __getitem__(self, i: int) -> str:  # type: ignore[override]
+        text = self._texts.get(i)
+        if text is None:
+            text = self._texts[i] = self._tok.decode(self._prompts[i], True)
+        return text
+
+
 async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response:
     engine: EngineAPI = request.app.state.engine
     s: ServerSettings = request.app.state.settings
@@ -158,7 +177,8 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     params.req.grammar = await compile_grammar(engine, params.grammar)
 
     needs_prompt_text = kind in (Kind.NATIVE, Kind.INFILL) or params.verbose
-    prompt_texts = [engine.tokenizer.decode(p, True) for p in prompts] if needs_prompt_text else []
+    # decoded when a response needs it (the final result), not before the request is submitted
+    prompt_texts = LazyDecoded(engine.tokenizer, prompts) if needs_prompt_text else []
     ctx = R.ResponseContext(model=s.model_id, build_info=s.build_info, params=params, prompt_texts=prompt_texts)
 
     reqs = build_requests(engine, prompts, params, CacheIdentity(tenant=tenant_of(request)))

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import threading
 import weakref
+from collections import deque
 from typing import Any, Protocol
 
 from kvserve.engine.request import (
@@ -39,7 +40,7 @@ class Mailbox:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue[EngineEvent], EngineEvent]] = []
+        self._items: list[tuple[Any, EngineEvent]] = []  # (queue with put_nowait, event)
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> Mailbox:
@@ -49,7 +50,7 @@ class Mailbox:
                 box = cls._of[loop] = cls(loop)
             return box
 
-    def post(self, queue: asyncio.Queue[EngineEvent], ev: EngineEvent) -> None:
+    def post(self, queue: Any, ev: EngineEvent) -> None:
         """Any thread. Raises RuntimeError when the loop is closed."""
         with self._lock:
             self._items.append((queue, ev))
@@ -67,6 +68,52 @@ class Mailbox:
             items, self._items = self._items, []
         for queue, ev in items:
             queue.put_nowait(ev)
+
+
+class EventQueue:
+    """The events of one HTTP request on its event loop: what ``Mailbox`` delivers to
+    (``put_nowait``), taken with ``get_nowait``; ``wait`` sleeps until one is there. One future
+    per wait and one timer handle, where ``asyncio.wait_for(queue.get(), t)`` costs a getter
+    future, a timeout context and its rescheduling for every token of a stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[EngineEvent] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, ev: EngineEvent) -> None:  # on the loop
+        self._items.append(ev)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    def get_nowait(self) -> EngineEvent:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def wait(self, timeout: float | None) -> bool:
+        """Until an event is here (True) or ``timeout`` seconds passed (False)."""
+        if self._items:
+            return True
+        fut = self._loop.create_future()
+        self._waiter = fut
+        timer = None if timeout is None else self._loop.call_later(timeout, _expire, fut)
+        try:
+            await fut
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+        return bool(self._items)
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class Disconnectable(Protocol):
@@ -87,7 +134,7 @@ class Dispatch:
         self.timeout = timeout if timeout and timeout > 0 else None
         self.loop = loop or asyncio.get_running_loop()
         self.mailbox = Mailbox.of(self.loop)
-        self.queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        self.queue = EventQueue(self.loop)
         self.ids: list[int] = []
         self.pending: set[int] = set()
         self.cancelled = False
@@ -143,23 +190,12 @@ class Dispatch:
 
     async def next(self, timeout: float | None) -> EngineEvent | None:
         """The next event of a still-pending request (None after ``timeout`` seconds)."""
-        ev = self.next_nowait()  # no timer and no task when one is waiting already
-        if ev is not None:
-            return ev
         while True:
-            try:
-                if timeout is None:
-                    ev = await self.queue.get()
-                else:
-                    ev = await asyncio.wait_for(self.queue.get(), timeout)
-            except TimeoutError:
+            ev = self.next_nowait()
+            if ev is not None:
+                return ev
+            if not await self.queue.wait(timeout):
                 return None
-            if ev.request_id not in self.pending:
-                continue  # late event of a cancelled/finished request
-            if isinstance(ev, (FinalEvent, ErrorEvent)):
-                self.pending.discard(ev.request_id)
-            self._last_event = self.loop.time()
-            return ev
 
     async def next_or_gone(self, client: Disconnectable, poll: float | None = None) -> EngineEvent:
         """The next event, checking every ``poll`` seconds whether the client is still there

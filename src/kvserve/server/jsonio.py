@@ -32,11 +32,15 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+# one encoder for every call (json.dumps builds a new one per call unless all options are defaults)
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(obj: Any) -> str:
     try:
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _ENCODER.encode(obj)
     except ValueError:
-        return json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _ENCODER.encode(_finite(obj))
 
 
 class JSONResponse(Response):

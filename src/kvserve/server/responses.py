@@ -33,7 +33,7 @@ class ResponseContext:
     model: str
     build_info: str
     params: CompletionParams
-    prompt_texts: list[str]  # per prompt (detokenized with specials), indexed by prompt number
+    prompt_texts: Sequence[str]  # per prompt (detokenized with specials), indexed by prompt number
     id: str = field(default_factory=completion_id)
     created: int = field(default_factory=lambda: int(time.time()))
 
