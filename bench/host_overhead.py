@@ -171,14 +171,15 @@ def _metric_delta(before: dict | None, after: dict | None, key: str) -> float | 
     return after[key] - before[key]
 
 
-def top_functions(path: str, n: int) -> list[list[Any]]:
+def top_functions(path: str, n: int, by: str = "own") -> list[list[Any]]:
     if not os.path.exists(path):
         return []
     st = pstats.Stats(path)
     total = sum(v[2] for v in st.stats.values()) or 1.0  # type: ignore[attr-defined]
     rows = []
+    col = 2 if by == "own" else 3
     for (fn, line, name), (_cc, nc, tt, ct, _callers) in sorted(
-            st.stats.items(), key=lambda kv: -kv[1][2])[:n]:  # type: ignore[attr-defined]
+            st.stats.items(), key=lambda kv: -kv[1][col])[:n]:  # type: ignore[attr-defined]
         where = f"{os.path.basename(fn)}:{line}" if line else fn
         rows.append([f"{name} ({where})"[:80], tt, 100 * tt / total, nc, ct])
     return rows
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--real-runner", action="store_true",
                    help="serve with the model runner instead of the null one (a GPU server's real host costs)")
     p.add_argument("--top", type=int, default=18)
+    p.add_argument("--sort", choices=("own", "cumulative"), default="own", help="order of the profile tables")
     p.add_argument("--repeat", type=int, default=1, help="run the trees alternately this many times")
     args = p.parse_args(argv)
     trees = [t.split("=", 1) for t in args.tree] or [["this", os.path.join(os.path.dirname(HERE), "src")]]
@@ -298,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             label = "every thread (one profiler per process on Python 3.12+)" \
                 if thread == "engine" and not os.path.exists(f"{prof}.http") else f"{thread} thread"
-            print(f"## Profile: {name}, {w}, {label} (cProfile own time; rep {rep})\n")
+            print(f"## Profile: {name}, {w}, {label} (cProfile, by {args.sort} time; rep {rep})\n")
             print_table(["function", "own s", "% of thread", "calls", "cumulative s"],
-                        top_functions(f"{prof}.{thread}", args.top), digits=3)
+                        top_functions(f"{prof}.{thread}", args.top, args.sort), digits=3)
     for _rep, _name, _w, prof in profiles:
         for ext in (".engine", ".http"):
             try:

@@ -62,7 +62,7 @@ class Sampling:
         v = samplers[0].vocab_size if samplers else 0
         if sampler_fast.applies(samplers) and logits.dim() == 2 and logits.shape[0] == len(samplers) \
                 and logits.shape[1] >= v and all(s.vocab_size == v for s in samplers):
-            raw = logits[:, :v].float()
+            raw = logits if logits.shape[1] == v and logits.dtype == torch.float32 else logits[:, :v].float()
             dev_tokens = sampler_fast.launch(raw, samplers)
             pending = sampler_fast.Pending(dev_tokens)
 
