@@ -61,7 +61,7 @@ class ServerConfig:
     timeout: int  # seconds, HTTP read and write
     sse_ping_interval: int  # seconds, -1 = off
     threads_http: int  # as given; see resolve_threads_http()
-    model_path: str | None  # -m exactly as given; None = the embedded default model
+    model_path: str | None  # -m exactly as given; None = no model: kvserve runs as the router
     aliases: tuple[str, ...]  # sorted; never empty (defaults to the model name)
     tags: tuple[str, ...]  # sorted
     verbosity: int  # 0 output .. 5 debug; INT_MAX with -v
@@ -136,7 +136,7 @@ class CtxPlan(NamedTuple):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model_path: str | None  # None = embedded default model (kvserve.model.files.default_model_path)
+    model_path: str | None  # None: build_engine loads the embedded default model (kvserve.model.files)
     dtype: str  # auto | f32 | bf16 | f16; see resolve_dtype()
     device: str  # auto | cpu | cuda; see resolve_device()
     n_ctx: int  # -c as given; 0 = from the model

@@ -128,13 +128,25 @@ def _state(pid: int) -> str:
         return "zombie"
 
 
-def test_router_props_without_autoload() -> None:
-    srv = start_server("--models-max", "2", "--no-models-autoload", router=True)
+def test_router_without_autoload_under_an_api_prefix() -> None:
+    srv = start_server("--models-max", "2", "--no-models-autoload", "--api-prefix", "/p", "-c", "512", "-np", "1",
+                       router=True, health="/p/health")
     try:
-        props: dict[str, Any] = httpx.get(srv.url + "/props", timeout=10).json()
+        url = srv.url + "/p"
+        props: dict[str, Any] = httpx.get(url + "/props", timeout=10).json()
         assert (props["role"], props["max_instances"], props["models_autoload"]) == ("router", 2, False)
-        name = httpx.get(srv.url + "/models", timeout=10).json()["data"][0]["id"]  # the embedded model
-        r = httpx.post(srv.url + "/v1/chat/completions", json={**CHAT, "model": name}, timeout=10)
+        name = httpx.get(url + "/models", timeout=10).json()["data"][0]["id"]  # the embedded model
+        r = httpx.post(url + "/v1/chat/completions", json={**CHAT, "model": name}, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["message"] == "model is not loaded"
+        assert httpx.post(url + "/models/load", json={"model": name}, timeout=10).status_code == 200
+        t0 = time.time()
+        while True:
+            m = httpx.get(url + "/models", timeout=10).json()["data"][0]
+            if m["status"]["value"] == "loaded":
+                break
+            assert time.time() - t0 < 90
+            time.sleep(0.1)
+        r = httpx.post(url + "/tokenize", json={"model": name, "content": "hi"}, timeout=30)
+        assert r.status_code == 200 and r.json()["tokens"]
     finally:
         srv.stop()

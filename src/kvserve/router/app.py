@@ -107,7 +107,7 @@ class Router:
             elif inst.status != "loaded":
                 await self.pool.wait_loaded(name)
             headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
-            url = inst.url + request.url.path[len(self.s.api_prefix):]
+            url = inst.url + request.url.path  # the child has the same --api-prefix
             if request.url.query:
                 url += "?" + request.url.query
             req = self.client.build_request(request.method, url, headers=headers, content=body)

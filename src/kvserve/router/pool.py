@@ -105,12 +105,13 @@ class Instance:
 
 class ModelPool:
     def __init__(self, entries: dict[str, ModelEntry], argv: Sequence[str], models_max: int,
-                 router_port: int, load_timeout: float = 600.0) -> None:
+                 router_port: int, load_timeout: float = 600.0, health_path: str = "/health") -> None:
         self.instances = {name: Instance(e) for name, e in entries.items()}
         self.base_args = child_argv(argv)
         self.models_max = models_max
         self.router_port = router_port
         self.load_timeout = load_timeout
+        self.health_path = health_path  # the children have the router's --api-prefix
         self._lock = asyncio.Lock()  # loads and evictions, one at a time
         self._subscribers: list[asyncio.Queue[dict[str, Any]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -201,7 +202,7 @@ class ModelPool:
         async with httpx.AsyncClient(timeout=5.0) as client:
             while time.monotonic() < deadline and inst.status == "loading":
                 try:
-                    if (await client.get(inst.url + "/health")).status_code == 200:
+                    if (await client.get(inst.url + self.health_path)).status_code == 200:
                         self._set(inst, "loaded")
                         return
                 except httpx.HTTPError:

@@ -71,7 +71,7 @@ def serve_router(cfg: Any, argv: Sequence[str], models_dir: str | None, models_m
         sys.exit(1)
     sockets = bind_sockets(s.host, s.port, s.reuse_port)
     port = s.port or int(sockets[0].getsockname()[1])
-    pool = ModelPool(entries, argv, models_max, port)
+    pool = ModelPool(entries, argv, models_max, port, health_path=s.api_prefix + "/health")
     router = Router(pool, s, models_dir, models_max, autoload)
     app = create_router_app(router, tools)
     level = "warning" if s.verbosity <= 2 else ("info" if s.verbosity == 3 else "debug")
