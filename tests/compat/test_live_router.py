@@ -150,3 +150,16 @@ def test_router_without_autoload_under_an_api_prefix() -> None:
         assert r.status_code == 200 and r.json()["tokens"]
     finally:
         srv.stop()
+
+
+def test_a_model_that_cannot_load_fails_its_request(tmp_path: Path) -> None:
+    (tmp_path / "broken.gguf").write_bytes(b"not a gguf file")
+    srv = start_server("--models-dir", str(tmp_path), router=True)
+    try:
+        r = httpx.post(srv.url + "/completion", json={"model": "broken", "prompt": "x"}, timeout=120)
+        assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"]
+        m = next(m for m in httpx.get(srv.url + "/models", timeout=10).json()["data"] if m["id"] == "broken")
+        assert m["status"]["value"] == "unloaded" and m["status"]["failed"] is True
+        assert m["status"]["exit_code"] != 0
+    finally:
+        srv.stop()
