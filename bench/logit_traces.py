@@ -33,6 +33,7 @@ position or did not set up what it claims (e.g. the expected cache hit).
     python bench/logit_traces.py --fast             # short prompts, few conditions (< 60 s, CPU)
     python bench/logit_traces.py --model gemma3 --device cuda --dtype bf16
     python bench/logit_traces.py --fast --vs-f32   # also: quantized weights vs the f32 reference
+    python bench/logit_traces.py --fast --max-abs 1e-4   # exact conditions also gate max |Δlogit|
 """
 
 from __future__ import annotations
@@ -136,15 +137,23 @@ class Cond:
     notes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
+    max_allowed: float | None = None  # --max-abs: exact conditions also gate max |Δlogit|
+
+    @property
+    def too_far(self) -> bool:
+        return self.exact and self.max_allowed is not None and self.max_abs > self.max_allowed
+
     @property
     def failed(self) -> bool:
-        return self.exact and (self.disagree > 0 or bool(self.errors))
+        return self.exact and (self.disagree > 0 or bool(self.errors) or self.too_far)
 
     def status(self) -> str:
         if self.errors:
             return "FAIL (setup)" if self.exact else "not exercised"
         if not self.exact:
             return "report"
+        if self.too_far:
+            return f"FAIL (> {self.max_allowed:g})"
         return "FAIL" if self.disagree else "ok"
 
 
@@ -505,6 +514,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="weight layout (auto: kept quantized on CPU with f32, else dequantized)")
     p.add_argument("--vs-f32", action="store_true",
                    help="add quant_vs_f32: cold logits against a second copy with every weight in f32")
+    p.add_argument("--max-abs", type=float, default=None,
+                   help="also fail an exact condition whose max |Δlogit| against cold exceeds this")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads for this run (default: 1 with --fast, else unchanged). Small "
                         "forwards gain nothing from more, and on shared cores extra threads oversubscribe")
@@ -552,14 +563,15 @@ def _main(args: argparse.Namespace, loaded: LoadedModel | None) -> int:
             "page size": s.page_size,
             "decided": f"cold top-1 minus top-2 > {s.threshold}",
             "reference": "cold: each prompt in one plan, logits all",
-            "gate": "exit 1 on any decided disagreement or setup error in an exact condition; "
-                    "kv_shift_reuse is reported only",
+            "gate": "exit 1 on any decided disagreement or setup error in an exact condition"
+                    + (f", or its max |Δlogit| above {args.max_abs:g}" if args.max_abs is not None else "")
+                    + "; kv_shift_reuse is reported only",
         },
     )
     n_pages = -(-(8 * n_max + 6 * 5 * (s.decode_tail + 1) + 4 * 400) // s.page_size) + 64
     lab = Lab(loaded, n_pages, s.page_size)
     ulab = Lab(loaded, -(-(n_max + s.ubatch) // s.page_size) + 8, s.page_size, s.ubatch)
-    conds = {c: Cond(c, c != "kv_shift_reuse") for c in s.condition_names()}
+    conds = {c: Cond(c, c != "kv_shift_reuse", max_allowed=args.max_abs) for c in s.condition_names()}
     ref_lab = None
     if args.vs_f32:
         ref = load_gguf(loaded.path, dtype=torch.float32, device=loaded.device, weights="dense")

@@ -2,6 +2,13 @@
 
 The readable reference for every other backend and the CPU path. RoPE angles come from tables
 precomputed per position (``RopeTables``), identical to computing them per step.
+
+On the CPU, float32 attention runs in float64 and is rounded to float32 once: a query's output
+then has the same bits whichever path computed it (a causal prefill chunk, a masked chunk after
+a cached prefix, a padded or cascade decode batch, any batch width), where float32 SDPA differs
+between them by an ulp or two. The quantized path rounds every linear layer's input and output
+to bf16 (``quant.int4``), and one flipped bf16 rounding grows through the layers to ~0.1 in the
+logits; with attention batch-invariant, a cached prefix gives the logits of an uncached run.
 """
 
 from __future__ import annotations
@@ -40,10 +47,12 @@ class TorchStep(AttentionStep):
         k = self._rope(layer, k)
         cfg = self.cfg
         self.kv.write(layer, self.meta.write_rows, k, v)
-        return paged_attention(
-            q, self.kv.k_layers[layer], self.kv.v_layers[layer], self.meta, cfg.layer_window(layer),
-            cfg.attn_scale,
+        wide = q.device.type == "cpu" and q.dtype == torch.float32
+        o = paged_attention(
+            q.double() if wide else q, self.kv.k_layers[layer], self.kv.v_layers[layer], self.meta,
+            cfg.layer_window(layer), cfg.attn_scale,
         )
+        return o.to(q.dtype) if wide else o
 
 
 class TorchBackend(AttentionBackend):
