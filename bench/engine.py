@@ -365,6 +365,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-time", action="store_true",
                    help="CPU: rates per process CPU second instead of per wall second (use with --threads 1 "
                         "on a shared machine; run a baseline tree's src with the same script to compare)")
+    p.add_argument("--cpu-attention", default="default", choices=["default", "f64", "f32", "both"],
+                   help="CPU, float32 activations: attention of small steps in float64 as the tree does "
+                        "(backends.torch_ref.WIDE_MAX_ROWS / WIDE_MAX_KEYS) or all in float32; both: one "
+                        "row each (the two alternating per model)")
     p.add_argument("--roofline", action="store_true",
                    help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
     p.add_argument("--profile", action="store_true",
@@ -407,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             "page size": args.page_size,
             "attention backend": os.environ.get("KVSERVE_ATTN_BACKEND") or "default (triton on CUDA, torch on CPU)",
             "CUDA graphs": "off" if os.environ.get("KVSERVE_CUDA_GRAPHS") == "0" else "decode steps (CUDA, triton)",
+            "CPU attention": {"default": "the tree's default", "both": "float64 and float32, one row each"}.get(
+                args.cpu_attention, args.cpu_attention),
             "mode": "profile (per-step host vs GPU time)" if args.profile else "throughput",
             "clock": "process CPU time" if args.cpu_time else "wall time",
             "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",
@@ -417,7 +423,18 @@ def main(argv: list[str] | None = None) -> int:
             profile_model(n, p, args)
         return 0
     layouts = ["quant", "dense"] if args.weights == "both" else [args.weights]
-    results = [bench_model(n if len(layouts) == 1 else f"{n} [{w}]", p, args, w) for n, p in models for w in layouts]
+    attns = {"both": ["f64", "f32"], "default": [None]}.get(args.cpu_attention, [args.cpu_attention])
+    results = []
+    for n, p in models:
+        for w in layouts:
+            for a in attns:
+                if a is not None:
+                    from kvserve.model.backends import torch_ref
+                    from kvserve.model.quant.linear import GEMV_MAX_ROWS
+
+                    torch_ref.WIDE_MAX_ROWS = GEMV_MAX_ROWS if a == "f64" else 0
+                label = n if len(layouts) == 1 else f"{n} [{w}]"
+                results.append(bench_model(label if a is None else f"{label} [attn {a}]", p, args, w))
     cuda = args.device == "cuda"
     head = ["model", "arch", "params (M)", "file MiB", "load s"]
     head += [f"prefill {n} tok/s" for n in args.prefill]

@@ -12,6 +12,11 @@ memory, as in a real prefill). That crossover is ``quant.linear.GEMV_MAX_ROWS``.
     python bench/quant_linear.py                   # all shapes, rows 1,4,16,32,64,512
     python bench/quant_linear.py --rows 1,512 --threads 2
     python bench/quant_linear.py --model model.gguf --prefill 32,48,64,96,128
+    python bench/quant_linear.py --kernel-dtypes --rows 1,4   # the int4 kernel per activation dtype
+
+``--kernel-dtypes``: the int4 kernel itself with bf16, float16 and float32 activations (scales and
+offsets in the same dtype; the output comes in it too), against an exact float64 product: ms per
+call and max |error| relative to max |y| (the weights' scales exact in every dtype).
 """
 
 from __future__ import annotations
@@ -78,6 +83,33 @@ def model_crossover(path: str, lengths: list[int], threads: int) -> None:
     print_table(["prompt tokens", "int4 kernel", "dequantize + GEMM"], out, digits=0)
 
 
+def kernel_dtypes(rows: list[int], shapes: list[str]) -> None:
+    print_conditions("the int4 kernel by activation dtype (CPU)", {
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "timing": "process CPU time per call / threads", "weights": "random 4-bit codes, scales 2^-k (exact in bf16)",
+        "error": "max |y - y_exact| / max |y_exact|, y_exact in float64"})
+    out = []
+    rng = np.random.default_rng(0)
+    for name in shapes:
+        n, k = SHAPES[name]
+        codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+        s = 2.0 ** -rng.integers(6, 10, (n, k // 32)).astype(np.float64)
+        packed, sz, _ = int4.pack([int4.Plane(codes, s, np.zeros_like(s))], n)  # W = (c - 8)·s
+        w = torch.from_numpy(((codes.astype(np.float64) - 8).reshape(n, -1, 32) * s[..., None]).reshape(n, k))
+        for m in rows:
+            x = torch.randn(m, k, dtype=torch.float64)
+            exact = x @ w.T
+            row: list[object] = [name, m]
+            for dt in (torch.bfloat16, torch.float16, torch.float32):
+                xd, szd = x.to(dt), sz.to(dt)
+                row.append(cpu_ms(lambda: int4.matmul(xd, packed, szd)))
+                y = int4.matmul(xd, packed, szd)[:, :n].double()
+                row.append(f"{((y - exact).abs().max() / exact.abs().max()).item():.1e}")
+            out.append(row)
+    print_table(["shape", "rows", "bf16 ms", "bf16 error", "float16 ms", "float16 error", "float32 ms",
+                 "float32 error"], out, digits=3)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,4,16,32,64,512")
@@ -85,8 +117,13 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--model", help="a GGUF file: time whole-model prefills at --prefill lengths instead")
     p.add_argument("--prefill", default="32,48,64,96,128")
+    p.add_argument("--kernel-dtypes", action="store_true",
+                   help="the int4 kernel with bf16 / float16 / float32 activations: time and error")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.kernel_dtypes:
+        kernel_dtypes([int(r) for r in args.rows.split(",")], args.shapes.split(","))
+        return
     if args.model:
         model_crossover(args.model, [int(r) for r in args.prefill.split(",")], args.threads)
         return
