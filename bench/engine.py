@@ -411,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             "page size": args.page_size,
             "attention backend": os.environ.get("KVSERVE_ATTN_BACKEND") or "default (triton on CUDA, torch on CPU)",
             "CUDA graphs": "off" if os.environ.get("KVSERVE_CUDA_GRAPHS") == "0" else "decode steps (CUDA, triton)",
-            "CPU attention": {"default": "the tree's default", "both": "float64 and float32, one row each"}.get(
-                args.cpu_attention, args.cpu_attention),
+            "CPU attention": {"default": "the tree's default", "both": "float64 and float32, one row each"}
+            .get(args.cpu_attention, args.cpu_attention),
             "mode": "profile (per-step host vs GPU time)" if args.profile else "throughput",
             "clock": "process CPU time" if args.cpu_time else "wall time",
             "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",

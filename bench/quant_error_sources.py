@@ -106,8 +106,8 @@ def main() -> None:
 
     def report(name: str, got: torch.Tensor) -> None:
         top, n = first_draw(got[-1])
-        rows.append([name, f"{(got - want).abs().max().item():.3f}", f"{(got[-1] - want[-1]).abs().max().item():.3f}",
-                     f"{top:.3f}", n])
+        d = (got - want).abs()
+        rows.append([name, f"{d.max().item():.3f}", f"{d[-1].max().item():.3f}", f"{top:.3f}", n])
 
     report("kernel (as loaded)", logits(quant, ids))
     saved = {n: m.forward for n, m in mods.items()}
@@ -118,7 +118,8 @@ def main() -> None:
         report(name, logits(quant, ids))
     for n, m in mods.items():
         m.forward = saved[n]
-    print_table(["roundings emulated", "max |Δlogit|", "last position", "first draw top p", "candidates"], rows)
+    head = ["roundings emulated", "max |Δlogit|", "last position", "first draw top p", "candidates"]
+    print_table(head, rows)
 
 
 if __name__ == "__main__":

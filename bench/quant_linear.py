@@ -86,7 +86,8 @@ def model_crossover(path: str, lengths: list[int], threads: int) -> None:
 def kernel_dtypes(rows: list[int], shapes: list[str]) -> None:
     print_conditions("the int4 kernel by activation dtype (CPU)", {
         "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "timing": "process CPU time per call / threads", "weights": "random 4-bit codes, scales 2^-k (exact in bf16)",
+        "timing": "process CPU time per call / threads",
+        "weights": "random 4-bit codes, scales 2^-k (exact in bf16)",
         "error": "max |y - y_exact| / max |y_exact|, y_exact in float64"})
     out = []
     rng = np.random.default_rng(0)

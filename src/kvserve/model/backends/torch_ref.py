@@ -37,7 +37,9 @@ WIDE_MAX_KEYS = 256
 
 
 class TorchStep(AttentionStep):
-    def __init__(self, cfg: ModelConfig, kv: PagedKVStore, meta: AttnMeta, rope: dict, wide: bool = False) -> None:
+    def __init__(
+        self, cfg: ModelConfig, kv: PagedKVStore, meta: AttnMeta, rope: dict, wide: bool = False
+    ) -> None:
         self.cfg = cfg
         self.kv = kv
         self.meta = meta
