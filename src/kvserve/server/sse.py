@@ -219,19 +219,9 @@ async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Dis
                     d.cancel()
                     yield fmt.error_frame(error_event_body(ev))
                     return
-                # Events that are already here go out in one write (one send instead of one per
-                # token when the loop has fallen behind the engine); an error ends the batch.
-                parts = [fmt.encode(c) for c in render(fmt, ev)]
-                while not d.done and (more := d.next_nowait()) is not None:
-                    if isinstance(more, ErrorEvent):
-                        if parts:
-                            yield "".join(parts)
-                        d.cancel()
-                        yield fmt.error_frame(error_event_body(more))
-                        return
-                    parts += [fmt.encode(c) for c in render(fmt, more)]
-                if parts:
-                    yield "".join(parts)
+                chunks = render(fmt, ev)
+                if chunks:  # one write per event: a client shows each token as it comes
+                    yield "".join(fmt.encode(c) for c in chunks)
                     last = time.monotonic()
             if d.done:
                 break
