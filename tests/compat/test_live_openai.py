@@ -88,6 +88,26 @@ def test_metrics_and_slots(server):
     assert len(slots) == 2 and {"id", "n_ctx", "is_processing"} <= set(slots[0])
 
 
+def test_header_names_go_out_capitalized(server):
+    """On the wire, as llama-server writes them: clients (and llama.cpp's own tests) compare
+    header names exactly, e.g. ``"Access-Control-Allow-Origin" in dict(response.headers)``."""
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(server.url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nOrigin: http://example.com\r\n"
+                     b"Connection: close\r\n\r\n")
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            raw += chunk
+    names = [line.split(b":", 1)[0].decode() for line in raw.split(b"\r\n\r\n")[0].split(b"\r\n")[1:]]
+    assert {"Content-Type", "Access-Control-Allow-Origin", "Process-Start-Time-Unix"} <= set(names), names
+
+
 def test_slot_save_restore_roundtrip(server):
     body = {"prompt": "Slot persistence check: the quick brown fox", "n_predict": 2, "temperature": 0, "id_slot": 0}
     assert httpx.post(server.url + "/completion", json=body, timeout=60).status_code == 200

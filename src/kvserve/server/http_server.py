@@ -17,6 +17,7 @@ from typing import Any
 import uvicorn
 
 from kvserve.mcp import McpManager
+from kvserve.server import http_wire
 from kvserve.server.app import create_app, settings_for
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.settings import ServerSettings
@@ -92,6 +93,7 @@ def build_server(engine: EngineAPI, cfg: Any, *, warm_up: bool = False
         server_header=False,  # the middleware sends ``Server: llama.cpp``
         lifespan="off",
         proxy_headers=False,
+        http=http_wire.protocol_class(),  # httptools, header names kept as llama-server's
     )
     sockets = bind_sockets(s.host, s.port, s.reuse_port)
     return _Server(config, mcp), sockets, s

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvserve.server.errors import auth_body, loading_body
+from kvserve.server.http_wire import canonical_header
 from kvserve.server.jsonio import JSON_CONTENT_TYPE, dumps
 from kvserve.server.settings import ServerSettings
 from kvserve.server.webui import frontend_paths
@@ -33,11 +34,6 @@ log = logging.getLogger("kvserve.server")
 _LOCALHOSTS = ("localhost", "127.0.0.1", "::1")
 # Served without auth and while loading (besides /health): the API description.
 _DOC_PATHS = ("/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc")
-
-
-def canonical_header(name: bytes) -> bytes:
-    """``access-control-allow-origin`` -> ``Access-Control-Allow-Origin``."""
-    return b"-".join(part[:1].upper() + part[1:] for part in name.lower().split(b"-"))
 
 
 class LlamaMiddleware:
