@@ -142,3 +142,16 @@ def test_host_work_hides_behind_the_device_step() -> None:
 
     seq, ovl = timed(False), timed(True)
     assert ovl < 0.8 * seq, (seq, ovl)
+
+
+def test_idle_steps_leave_the_stats_alone() -> None:
+    """Looking for work when there is none is not scheduler time: an idle server's /metrics stay
+    the same between two scrapes (a sleeping server serves the snapshot taken on entering sleep)."""
+    h = Harness(n_pages=64, page_size=4, overlap=True)
+    h.submit([3, 1, 4], 5)
+    h.run()
+    assert h.loop is not None
+    before = h.sch.stats.scheduler_s
+    for _ in range(20):
+        assert h.loop.step() is False
+    assert h.sch.stats.scheduler_s == before

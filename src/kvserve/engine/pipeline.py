@@ -75,9 +75,9 @@ class StepLoop:
             self._complete(prev)
         t0 = time.perf_counter()
         plan = self.sch.schedule()
-        st.scheduler_s += time.perf_counter() - t0
-        if plan is None:
+        if plan is None:  # an idle look is not scheduler time (metrics stay still while idle)
             return prev is not None
+        st.scheduler_s += time.perf_counter() - t0
         if on_plan is not None:
             on_plan(plan)
         self._keep(self._launch(plan, None))
