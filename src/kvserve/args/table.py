@@ -173,9 +173,9 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("-cram --cache-ram", "cache_ram_mib", I, 8192,
       "host-RAM prompt cache size in MiB (-1 = no limit, 0 = off)", env="LLAMA_ARG_CACHE_RAM",
       notes="strict byte budget for KV pages that no running request holds (LRU eviction); on CUDA "
-      "it bounds the host tier instead: pages the GPU pool evicts move to pinned host memory and come "
-      "back on a prefix hit; 0 turns prefix reuse off entirely, also within a slot; shown in /metrics "
-      "and /props"),
+      "with KVSERVE_HOST_TIER=1 it bounds a host tier instead: pages the GPU pool evicts move to "
+      "pinned host memory and come back on a prefix hit; 0 turns prefix reuse off entirely, also "
+      "within a slot; shown in /metrics and /props"),
     F("--cache-idle-slots", "cache_idle_slots", B, True, "save idle slots to the prompt cache",
       neg="--no-cache-idle-slots", env="LLAMA_ARG_CACHE_IDLE_SLOTS",
       notes="on: a finished request's KV goes to the prefix cache shared by every slot. off: it stays "

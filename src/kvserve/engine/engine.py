@@ -63,8 +63,9 @@ class EngineOptions:
     page_size: int = 16
     cache_ram_mib: int = 8192  # -1 unlimited, 0 none
     # Host tier: evicted KV pages kept in host memory within the --cache-ram budget, which then
-    # bounds that memory instead of the device pool's retained pages. None: on with CUDA
-    # (KVSERVE_HOST_TIER=0 turns it off), off on the CPU (the pool is host memory already).
+    # bounds that memory instead of the device pool's retained pages. None: KVSERVE_HOST_TIER=1
+    # turns it on with CUDA (off by default: on the H200 a 4k-token 1B prompt loaded back took
+    # longer than recomputing it, bench/host_tier.py); never on the CPU (the pool is host memory).
     host_tier: bool | None = None
     cache_idle_slots: bool = True  # False: KV is reused only by the slot that computed it
     kv_dtype: torch.dtype | None = None
@@ -98,7 +99,7 @@ class Engine:
         page_bytes = self.runner.kv.bytes_per_page
         host_on = opts.host_tier
         if host_on is None:
-            host_on = loaded.device.type == "cuda" and os.environ.get("KVSERVE_HOST_TIER", "1") != "0"
+            host_on = loaded.device.type == "cuda" and os.environ.get("KVSERVE_HOST_TIER", "0") == "1"
         budget_pages = None if opts.cache_ram_mib < 0 else (opts.cache_ram_mib << 20) // page_bytes
         host_on = host_on and opts.cache_ram_mib != 0
         if host_on:  # the pool keeps what it has room for; the budget bounds the host tier
