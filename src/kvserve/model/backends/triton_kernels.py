@@ -112,6 +112,16 @@ def rope_write(
 
 
 @triton.jit
+def _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS: tl.constexpr, HKV: tl.constexpr,
+              D: tl.constexpr):
+    """Offsets of the cache rows holding positions ``tok`` of page-table row ``row`` (KV head
+    ``hk``, dims ``d``) and their load mask: where every kernel reads a block of keys/values."""
+    page = tl.load(table_ptr + row * table_stride + tok // PS, mask=valid, other=0)
+    slot = page.to(tl.int64) * PS + tok % PS
+    return slot[:, None] * (HKV * D) + hk * D + d[None, :], valid[:, None] & (d[None, :] < D)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
     seq_starts_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, window, num_splits, split_stride,
@@ -142,10 +152,7 @@ def _decode_split_kernel(
     for start in range(s0, s1, BLOCK_N):
         tok = start + n_off
         valid = tok < s1
-        page = tl.load(table_ptr + row * table_stride + tok // PS, mask=valid, other=0)
-        slot = page.to(tl.int64) * PS + tok % PS
-        kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
-        mkv = valid[:, None] & (d[None, :] < D)
+        kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
@@ -204,10 +211,7 @@ def _shared_prefix_kernel(
     for start in range(s0, s1, BLOCK_N):
         tok = start + n_off
         valid = tok < s1
-        page = tl.load(table_ptr + prow * table_stride + tok // PS, mask=valid, other=0)
-        slot = page.to(tl.int64) * PS + tok % PS
-        kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
-        mkv = valid[:, None] & (d[None, :] < D)
+        kv_off, mkv = _kv_block(table_ptr, prow, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         vis = valid[None, :] & ((qpos[:, None] - tok[None, :]) < window)
@@ -408,10 +412,7 @@ def _extend_kernel(
     for start in range(lo, hi, BLOCK_N):
         tok = start + n_off
         valid = tok < hi
-        page = tl.load(table_ptr + row * table_stride + tok // PS, mask=valid, other=0)
-        slot = page.to(tl.int64) * PS + tok % PS
-        kv_off = slot[:, None] * (HKV * D) + hk * D + d[None, :]
-        mkv = valid[:, None] & (d[None, :] < D)
+        kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         vis = valid[None, :] & (tok[None, :] <= qpos[:, None])
