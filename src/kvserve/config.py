@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -98,8 +98,12 @@ class ServerConfig:
     grammar_default: GrammarSpec | None = None
     # router mode (started without a model): --models-dir, --models-max (0 = no limit), --models-autoload
     models_dir: str | None = None
+    models_preset: str | None = None  # --models-preset: INI file of model presets (router/preset.py)
     models_max: int = 4
     models_autoload: bool = True
+    # --ssl-key-file and --ssl-cert-file (PEM): HTTPS when both are given (checked at start-up)
+    ssl_key_file: str | None = None
+    ssl_cert_file: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -312,6 +316,23 @@ def _grammar_default(v: Mapping[str, Any]) -> GrammarSpec | None:
     return None
 
 
+def _tls_files(key: str | None, cert: str | None, note: Callable[[str], None]
+               ) -> tuple[str | None, str | None]:
+    """HTTPS needs both files, as in llama-server (one alone: plain HTTP, here with a warning);
+    a key and certificate that do not load stop start-up."""
+    if not key or not cert:
+        if key or cert:
+            note("warn: HTTPS needs both --ssl-key-file and --ssl-cert-file; serving plain HTTP")
+        return None, None
+    import ssl
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile=cert, keyfile=key)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"error: failed to load the SSL certificate '{cert}' and key '{key}': {e}") from None
+    return key, cert
+
+
 def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     """Turn parsed flag values into the frozen config, applying the startup rules of spec §1.3."""
     emit = warn or (lambda m: print(m, file=sys.stderr, flush=True))
@@ -364,6 +385,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     except McpConfigError as e:
         raise ConfigError(f"error: MCP starting failed: {e}") from None
 
+    ssl_key_file, ssl_cert_file = _tls_files(v["ssl_key_file"], v["ssl_cert_file"], note)
     static_path: str | None = v["static_path"] or None
     if v["ui"] and static_path and not os.path.isdir(static_path):
         raise ConfigError(f"error: static assets path not found: {static_path}")
@@ -398,7 +420,9 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         mcp_servers=mcp_servers,
         unsupported_features=MappingProxyType(_unsupported_features(parsed)),
         grammar_default=_grammar_default(v),
-        models_dir=v["models_dir"] or None, models_max=v["models_max"], models_autoload=v["models_autoload"],
+        models_dir=v["models_dir"] or None, models_preset=v["models_preset"] or None,
+        models_max=v["models_max"], models_autoload=v["models_autoload"],
+        ssl_key_file=ssl_key_file, ssl_cert_file=ssl_cert_file,
     )
     engine = EngineConfig(
         model_path=model_path, dtype=v["dtype"], device=v["device"], n_ctx=v["n_ctx"],

@@ -38,9 +38,11 @@ class LiveServer:
 
 
 def start_server(*args: str, env: dict[str, str] | None = None, timeout: float = 120.0,
-                 health: str = "/health", port: int | None = None, router: bool = False) -> LiveServer:
+                 health: str = "/health", port: int | None = None, router: bool = False,
+                 tls: bool = False) -> LiveServer:
     """``health``: the path polled until it answers 200 (``/PREFIX/health`` with --api-prefix).
-    Without ``-m`` the server gets the embedded SmolLM2 (``router``: no model, the router)."""
+    Without ``-m`` the server gets the embedded SmolLM2 (``router``: no model, the router).
+    ``tls``: the server was given a key and certificate; it is polled over HTTPS (not verified)."""
     if not router and "-m" not in args and "--model" not in args:
         from kvserve.model.files import default_model_path
 
@@ -49,13 +51,13 @@ def start_server(*args: str, env: dict[str, str] | None = None, timeout: float =
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "kvserve", "--host", "127.0.0.1", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {open(log.name).read()[-2000:]}")
         try:
-            if httpx.get(url + health, timeout=2).status_code == 200:
+            if httpx.get(url + health, timeout=2, verify=not tls).status_code == 200:
                 return LiveServer(proc, url, log.name)
         except httpx.HTTPError:
             pass

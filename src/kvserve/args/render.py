@@ -162,10 +162,15 @@ the feature gets a 400 naming it. `/cors-proxy` with `--ui-mcp-proxy` or `-ag` i
 proxy, which forwards only the headers named `x-llama-server-proxy-header-NAME`. `--tools` (or
 `-ag`) serves llama-server's built-in agent tools at `GET/POST /tools` (see "Agent tools" below),
 MCP servers add theirs. Only a value that would silently change every answer (another
-model, RoPE overrides, adapters applied to every request, control vectors, the adaptive-p
-sampler) is **refused**: it stops kvserve with `error: <flag> is not supported by kvserve:
-<reason>` and exit status 1. Values at the default are always accepted. Some implemented flags
-warn about particular values (noted below).
+model, RoPE overrides, adapters applied to every request, control vectors) is **refused**: it
+stops kvserve with `error: <flag> is not supported by kvserve: <reason>` and exit status 1.
+Values at the default are always accepted. Some implemented flags warn about particular values
+(noted below).
+
+HTTPS: with `--ssl-key-file` and `--ssl-cert-file` (PEM files) every listening address serves
+TLS (a router too; its children stay on plain HTTP on 127.0.0.1). A key or certificate that
+does not load stops start-up; one of the two flags alone serves plain HTTP, as llama-server
+does, with a warning.
 
 Reranking (`--reranking`, which is `--embedding --pooling rank`): `/rerank`, `/reranking`,
 `/v1/rerank` and `/v1/reranking` score each document on its own prompt (the model's

@@ -29,7 +29,6 @@ _ROUTER = "model presets (INI) are not supported; the router serves the GGUF fil
 _LORA = "LoRA adapters are not supported"
 _FIT = "automatic memory fitting is not implemented; size the KV pool with -c"
 _LOGFMT = "the log line format is fixed"
-_TLS = "HTTPS is not supported; terminate TLS in a reverse proxy"
 _LORA_APPLIED = ("LoRA adapters are not supported (llama-server would apply them to every request; "
                  "with --lora-init-without-apply they are only warned about)")
 _ROPE = "RoPE/YaRN overrides are not supported; kvserve uses the model's own RoPE settings"
@@ -45,8 +44,6 @@ REFUSED: dict[str, str] = {
     "hf_repo": _DOWNLOAD,
     "hf_file": _DOWNLOAD,
     "docker_repo": _DOWNLOAD,
-    "ssl_key_file": _TLS,
-    "ssl_cert_file": _TLS,
     "models_preset": _ROUTER,
     "lora": _LORA_APPLIED,
     "lora_scaled": _LORA_APPLIED,

@@ -17,7 +17,7 @@ from kvserve.router.app import Router, create_router_app
 from kvserve.router.catalog import catalog
 from kvserve.router.pool import ModelPool
 from kvserve.server import agent_tools, http_wire
-from kvserve.server.http_server import bind_sockets
+from kvserve.server.http_server import bind_sockets, listen_url
 from kvserve.server.settings import ServerSettings
 
 log = logging.getLogger("kvserve.router")
@@ -76,13 +76,13 @@ def serve_router(cfg: Any, argv: Sequence[str], models_dir: str | None, models_m
     app = create_router_app(router, tools)
     level = "warning" if s.verbosity <= 2 else ("info" if s.verbosity == 3 else "debug")
     config = uvicorn.Config(app, log_level=level, access_log=s.verbosity >= 4, server_header=False,
-                            lifespan="off", proxy_headers=False, http=http_wire.protocol_class())
+                            lifespan="off", proxy_headers=False, http=http_wire.protocol_class(), **s.tls)
     log.info("available models (%d): %s", len(entries), ", ".join(entries) or "none")
     log.warning("router mode enabled - do not expose to untrusted environments")
     log.info("starting server in router mode. models will be %s",
              "automatically loaded on-demand" if autoload else "loaded with POST /models/load")
     for sock in sockets:
-        log.info("server is listening on %s", sock.getsockname())
+        log.info("server is listening on %s", listen_url(sock, bool(s.tls)))
     server = _RouterServer(config, pool, mcp)
     try:
         server.run(sockets=sockets)

@@ -1,7 +1,8 @@
 """Run the app with uvicorn on llama-server's listen addresses.
 
 ``--host`` is a CSV list; entries ending in ``.sock`` are UNIX sockets; with several TCP
-addresses IPv6 sockets are v6-only; ``--port 0`` (any free port) needs a single TCP host.
+addresses IPv6 sockets are v6-only; ``--port 0`` (any free port) needs a single TCP host. With ``--ssl-key-file`` and ``--ssl-cert-file``
+every address serves HTTPS.
 The MCP servers' tools are discovered before the server listens (as llama-server does); when
 it stops, MCP calls in flight end first, so that draining the connections does not wait on them.
 """
@@ -58,11 +59,12 @@ def bind_sockets(hosts: str, port: int, reuse_port: bool = False) -> list[socket
     return out
 
 
-def _url(sock: socket.socket) -> str:
+def listen_url(sock: socket.socket, tls: bool = False) -> str:
     if sock.family == socket.AF_UNIX:
         return f"unix://{sock.getsockname()}"
     host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{scheme}://{host}:{port}"
 
 
 class _Server(uvicorn.Server):
@@ -94,6 +96,7 @@ def build_server(engine: EngineAPI, cfg: Any, *, warm_up: bool = False
         lifespan="off",
         proxy_headers=False,
         http=http_wire.protocol_class(),  # httptools, header names kept as llama-server's
+        **s.tls,  # --ssl-key-file and --ssl-cert-file: HTTPS
     )
     sockets = bind_sockets(s.host, s.port, s.reuse_port)
     return _Server(config, mcp), sockets, s
@@ -103,7 +106,7 @@ def serve(engine: EngineAPI, cfg: Any) -> None:
     """Serve until SIGINT/SIGTERM (blocking)."""
     server, sockets, s = build_server(engine, cfg, warm_up=True)
     for sock in sockets:
-        log.info("server is listening on %s", _url(sock) + s.api_prefix)
+        log.info("server is listening on %s", listen_url(sock, bool(s.tls)) + s.api_prefix)
     if not s.ui:
         log.info("the Web UI is disabled (--ui / --no-ui)")
     if s.cors_origins == "*" and not s.api_keys:

@@ -148,6 +148,8 @@ class ServerSettings:
     media_marker: str = field(default_factory=_media_marker)
     slots_debug: bool = False
     reuse_port: bool = False
+    ssl_key_file: str = ""  # with ssl_cert_file: HTTPS (both checked by config.py at start-up)
+    ssl_cert_file: str = ""
     mcp_proxy: bool = False  # --ui-mcp-proxy / -ag: /cors-proxy forwards (server/cors_proxy.py)
     tools: tuple[str, ...] = ()  # --tools names ("all"; -ag): built-in agent tools (server/agent_tools/)
     tools_runtime: str = ""  # --tools-runtime spec: the isolate the tools run in
@@ -155,6 +157,13 @@ class ServerSettings:
     unsupported_features: dict[str, str] = field(default_factory=dict)
     grammar: GrammarSpec | None = None  # --grammar/--grammar-file/-j/-jf: every request's default
     vertex: VertexSettings | None = None  # AIP_MODE=PREDICTION: the Vertex AI predict route (server/vertex.py)
+
+    @property
+    def tls(self) -> dict[str, str]:
+        """uvicorn's TLS arguments: both files, or none (plain HTTP)."""
+        if self.ssl_key_file and self.ssl_cert_file:
+            return {"ssl_keyfile": self.ssl_key_file, "ssl_certfile": self.ssl_cert_file}
+        return {}
 
     @property
     def model_id(self) -> str:
@@ -237,6 +246,8 @@ class ServerSettings:
             sampling_defaults=sampling,
             build_info=str(_pick(cfg, d.build_info, "build_info")),
             reuse_port=bool(_pick(cfg, False, "reuse_port")),
+            ssl_key_file=str(_pick(cfg, "", "ssl_key_file") or ""),
+            ssl_cert_file=str(_pick(cfg, "", "ssl_cert_file") or ""),
             mcp_proxy=bool(_pick(cfg, False, "mcp_proxy")),
             tools=_csv(_pick(cfg, (), "tools")),
             tools_runtime=str(_pick(cfg, "", "tools_runtime") or ""),
