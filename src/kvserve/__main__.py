@@ -153,10 +153,15 @@ def main(argv: list[str] | None = None) -> None:
     from .server.agent_tools import ToolSetupError
 
     if cfg.server.model_path is None:  # no model: llama-server's router (router/)
+        if "LLAMA_SERVER_ROUTER_PORT" in os.environ:  # a router's child is never a router itself
+            print("error: no model to load: set `model = PATH` in the model's --models-preset section",
+                  file=sys.stderr)
+            sys.exit(1)
         from .router.serve import serve_router
 
         s = cfg.server
-        serve_router(cfg, sys.argv[1:] if argv is None else argv, s.models_dir, s.models_max, s.models_autoload)
+        serve_router(cfg, sys.argv[1:] if argv is None else argv, s.models_dir, s.models_max, s.models_autoload,
+                     s.models_preset)
         return
     from .router.serve import watch_router_stdin
     from .server.http_server import serve

@@ -183,17 +183,31 @@ state's first component, as llama-server answers. Jina (`documents`) and TEI (`t
 a 500, or all documents).
 
 Router mode (kvserve started without `-m`, as llama-server): one child `kvserve` process per
-loaded model, started with the router's own flags (minus `--host`, `--port`, `--api-key`, the
-`--models-*` flags) and `-m`, `--alias NAME` on a local port; it ends with the router. Models are
-the GGUF files of `--models-dir` (`NAME.gguf`, or a directory `NAME/`) and the embedded SmolLM2
-(source `embedded`). Requests name their model in `model` (body) or `?model=` (GET) and are
-proxied, streams included; `--no-models-autoload` (or `?autoload=false`) answers 400 for a model
-not loaded. `GET /props` (router form), `GET /models` (`?reload=1` rescans), `POST /models/load`,
-`POST /models/unload`, `GET /models/sse` (status events). kvserve never downloads: `POST /models`
-is a 501 and `DELETE /models` removes nothing (no model comes from a download cache); INI presets
-(`--models-preset`) are refused. The router serves no web UI. As in llama-server, the router
-answers `GET/POST /tools` (its `--tools` and MCP servers, found before it listens) and
-`/cors-proxy` itself.
+loaded model, started with its model's options, the router's own flags (minus `--host`,
+`--port`, `--api-key`, `--ssl-*`, the `--models-*` flags) and `--alias NAME` on a local port; it
+ends with the router. Models are the GGUF files of `--models-dir` (`NAME.gguf`, or a directory
+`NAME/`), the embedded SmolLM2 (source `embedded`) and the sections of `--models-preset FILE`.
+Requests name their model (or one of its preset aliases) in `model` (body) or `?model=` (GET)
+and are proxied, streams included; `--no-models-autoload` (or `?autoload=false`) answers 400
+for a model not loaded. `GET /props` (router form), `GET /models` (`?reload=1` rescans the
+directory and re-reads the preset file, stopping running models that changed or went),
+`POST /models/load`, `POST /models/unload`, `GET /models/sse` (status events). kvserve never
+downloads: `POST /models` is a 501 and `DELETE /models` removes nothing (no model comes from a
+download cache). The router serves no web UI. As in llama-server, the router answers
+`GET/POST /tools` (its `--tools` and MCP servers, found before it listens) and `/cors-proxy`
+itself.
+
+Model presets (`--models-preset FILE`, llama-server's INI format and rules): each `[NAME]`
+section is a model whose keys are flags without dashes (any alias, `c` or `ctx-size`) or their
+`LLAMA_ARG_*` names, `model = PATH` naming its GGUF; `[*]` applies to every model (models-dir
+ones too); a section named like a models-dir model adds to it. The router's command line wins
+over a section, a section over `[*]`; what the router owns (host, port, API keys, TLS,
+`--models-*`) is never passed on, and the child's `--alias` is the section name (a preset's
+`alias` and `tags` are the router's names for it). Preset-only keys: `load-on-startup`,
+`stop-timeout` (seconds before an unloading child is killed, 10), `dedup-cache-models` (no
+effect: there is no download cache). An unknown key, a line that is not INI, a missing file or
+a name used twice stops start-up with llama-server's message. A section without a model file is
+listed; loading it fails (llama-server would start a nested router).
 
 Idle sleeping (`--sleep-idle-seconds N`): once no request has been in flight and no slot busy
 for N seconds, the engine stops and its weights, KV pool, prompt cache and grammars are freed.

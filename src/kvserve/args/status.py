@@ -25,7 +25,6 @@ _CHECKPOINTS = (
     "the shared paged cache keeps full KV for SWA layers, so checkpoints are not needed; see compat.md"
 )
 _SPECULATIVE = "speculative decoding is not supported"
-_ROUTER = "model presets (INI) are not supported; the router serves the GGUF files of --models-dir"
 _LORA = "LoRA adapters are not supported"
 _FIT = "automatic memory fitting is not implemented; size the KV pool with -c"
 _LOGFMT = "the log line format is fixed"
@@ -44,7 +43,6 @@ REFUSED: dict[str, str] = {
     "hf_repo": _DOWNLOAD,
     "hf_file": _DOWNLOAD,
     "docker_repo": _DOWNLOAD,
-    "models_preset": _ROUTER,
     "lora": _LORA_APPLIED,
     "lora_scaled": _LORA_APPLIED,
     **{dest: _ROPE for dest in ("rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale",

@@ -1,7 +1,7 @@
 """The router's HTTP API (llama-server's ``server_models_routes``).
 
 Own routes: ``GET /health``, ``GET /props`` (the router's, or with ``?model=`` the model's),
-``GET /models`` (``/v1/models``; ``?reload=1`` rescans ``--models-dir``), ``POST /models/load``,
+``GET /models`` (``/v1/models``; ``?reload=1`` rescans ``--models-dir`` and re-reads ``--models-preset``), ``POST /models/load``,
 ``POST /models/unload``, ``GET /models/sse`` (status events), ``DELETE /models?model=``,
 ``POST /models`` (downloading: not supported, 501), and, as llama-server's router serves them
 itself, ``GET/POST /tools`` (the built-in tools and MCP servers' tools of the router's own flags)
@@ -30,6 +30,7 @@ from starlette.responses import Response, StreamingResponse
 
 from kvserve.router.catalog import catalog
 from kvserve.router.pool import Instance, ModelPool, RouterError
+from kvserve.router.preset import PresetError
 from kvserve.server import routes_generate, routes_misc
 from kvserve.server.agent_tools import ToolRegistry
 from kvserve.server.errors import ApiError, not_found_body
@@ -64,16 +65,17 @@ def _err(e: RouterError) -> Response:
 
 class Router:
     def __init__(self, pool: ModelPool, s: ServerSettings, models_dir: str | None, models_max: int,
-                 autoload: bool) -> None:
+                 autoload: bool, models_preset: str | None = None) -> None:
         self.pool = pool
         self.s = s
         self.models_dir = models_dir
+        self.models_preset = models_preset
         self.models_max = models_max
         self.autoload = autoload
         self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0))
 
     def resolve(self, name: Any, autoload: bool) -> str:
-        """llama-server's ``router_validate_model``."""
+        """llama-server's ``router_validate_model``: the model's name (``name`` may be an alias)."""
         if not isinstance(name, str) or not name:
             raise RouterError("model name is missing from the request")
         inst = self.pool.get(name)
@@ -81,7 +83,7 @@ class Router:
             raise RouterError(f"model '{name}' not found")
         if not autoload and not inst.running:
             raise RouterError("model is not loaded")
-        return name
+        return inst.name
 
     def autoload_for(self, request: Request) -> bool:
         v = request.query_params.get("autoload")
@@ -147,23 +149,34 @@ class Router:
             status: dict[str, Any] = {"value": inst.status, "args": inst.args}
             if inst.failed:
                 status.update(exit_code=inst.exit_code, failed=True)
+            status["preset"] = self.pool.preset_ini(inst.entry)
             data.append({
-                "id": inst.name, "aliases": [], "tags": [], "object": "model", "owned_by": "llamacpp",
-                "created": t, "status": status,
+                "id": inst.name, "aliases": list(inst.entry.aliases), "tags": list(inst.entry.tags),
+                "object": "model", "owned_by": "llamacpp", "created": t, "status": status,
                 "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
                 "source": inst.entry.source, "can_remove": False, "path": inst.entry.path,
             })
         return {"data": data, "object": "list"}
 
-    def rescan(self) -> None:
-        """``?reload=1``: new files appear; a vanished one goes once it is not running."""
-        entries = catalog(self.models_dir)
+    async def reload(self) -> None:
+        """``?reload=1``: the models dir and preset file again. A running model that is gone or
+        whose options changed is stopped first; new models appear unloaded. ValueError or
+        PresetError when they cannot be read (the models stay as they were)."""
+        entries = catalog(self.models_dir, self.models_preset)
+        pool = self.pool
+        for name, inst in list(pool.instances.items()):
+            new = entries.get(name)
+            if inst.running and (new is None or pool.child_options(new) != pool.child_options(inst.entry)):
+                log.info("(reload) unloading model name=%s (source updated or removed)", name)
+                await pool.unload(name, wait=True)
+        for name in list(pool.instances):
+            if name not in entries and not pool.instances[name].running:
+                del pool.instances[name]
         for name, entry in entries.items():
-            if name not in self.pool.instances:
-                self.pool.instances[name] = Instance(entry)
-        for name in list(self.pool.instances):
-            if name not in entries and not self.pool.instances[name].running:
-                del self.pool.instances[name]
+            if name in pool.instances:
+                pool.instances[name].entry = entry
+            else:
+                pool.instances[name] = Instance(entry)
 
 
 def create_router_app(router: Router, agent_tools: ToolRegistry | None = None) -> FastAPI:
@@ -193,7 +206,10 @@ def create_router_app(router: Router, agent_tools: ToolRegistry | None = None) -
     @app.get(p + "/v1/models")
     async def models(request: Request) -> Response:
         if request.query_params.get("reload"):
-            router.rescan()
+            try:
+                await router.reload()
+            except (ValueError, PresetError) as e:
+                return error_response(ApiError(str(e), "server_error", 500))
         return JSONResponse(router.models())
 
     async def _model_of(request: Request) -> tuple[Any, Any]:
@@ -209,7 +225,7 @@ def create_router_app(router: Router, agent_tools: ToolRegistry | None = None) -
         if inst.running:
             return error_response(ApiError("model is already running"))
         try:
-            await router.pool.load(name)
+            await router.pool.load(inst.name)
         except RouterError as e:
             return _err(e)
         return JSONResponse({"success": True})
@@ -222,7 +238,7 @@ def create_router_app(router: Router, agent_tools: ToolRegistry | None = None) -
             return error_response(ApiError("model is not found"))
         if not inst.running:
             return error_response(ApiError("model is not running"))
-        await router.pool.unload(name)
+        await router.pool.unload(inst.name)
         return JSONResponse({"success": True})
 
     @app.get(p + "/models/sse")

@@ -1,23 +1,42 @@
-"""The models a router can serve, by name (llama-server's ``load_from_models_dir``).
+"""The models a router can serve, by name (llama-server's ``load_from_models_dir`` and presets).
 
 ``--models-dir DIR``: each ``DIR/NAME.gguf`` is the model ``NAME``; each sub-directory ``DIR/NAME/``
 holding GGUF files is the model ``NAME`` (its first shard ``*-00001-of-*`` when split, else its
 GGUF file). Multimodal projectors (``mmproj*``) and draft models are companions, never models.
 Besides those, the GGUF that ships inside kvserve (SmolLM2-135M-Instruct) is always offered,
 under its file name (source ``embedded``); a models-dir model of the same name wins.
+
+``--models-preset FILE`` (``router/preset.py``) adds models and options, as ``load_models`` in
+llama-server: ``[*]`` applies to every model, a section adds a model (or options to the
+models-dir model of its name; its source becomes ``preset``). A preset's ``alias`` and ``tags``
+are names the router answers to and lists; a name or alias used twice stops start-up.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from kvserve.router.preset import STOP_TIMEOUT, Options, PresetError, load_presets, to_args
+
+DEFAULT_STOP_TIMEOUT = 10  # seconds an unloading child gets before it is killed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ModelEntry:
     name: str
-    path: str
-    source: str  # models_dir | embedded
+    path: str  # the model file ("" when its preset names none)
+    source: str  # models_dir | embedded | preset
+    options: Options = field(default_factory=dict)  # the child's options (``model``, preset keys)
+    aliases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+    @property
+    def stop_timeout(self) -> int:
+        try:
+            return int(self.options.get(STOP_TIMEOUT, DEFAULT_STOP_TIMEOUT))
+        except ValueError:
+            return DEFAULT_STOP_TIMEOUT
 
 
 _DRAFT_PREFIXES = ("mtp-", "dspark-", "dflash-")
@@ -70,12 +89,46 @@ def embedded_model() -> ModelEntry | None:
     return ModelEntry(name[: -len(".gguf")] if name.endswith(".gguf") else name, path, "embedded")
 
 
-def catalog(models_dir: str | None) -> dict[str, ModelEntry]:
-    entries: dict[str, ModelEntry] = {}
+def _names(value: str | None) -> tuple[str, ...]:
+    return tuple(sorted({v.strip() for v in (value or "").split(",") if v.strip()}))
+
+
+def _check_names(entries: dict[str, ModelEntry]) -> None:
+    """llama-server's ``add_model`` checks, in name order."""
+    seen: dict[str, ModelEntry] = {}
+    for name in sorted(entries):
+        e = entries[name]
+        for other in seen.values():
+            if name in other.aliases:
+                raise PresetError(f"model name '{name}' conflicts with alias of model '{other.name}'")
+        for alias in e.aliases:
+            if alias in seen:
+                raise PresetError(f"alias '{alias}' for model '{name}' conflicts with existing model name")
+            for other in seen.values():
+                if alias in other.aliases:
+                    raise PresetError(f"alias '{alias}' for model '{name}' conflicts with alias of model "
+                                      f"'{other.name}'")
+        to_args(e.options)  # a flag the child cannot be given stops start-up here
+        seen[name] = e
+
+
+def catalog(models_dir: str | None, models_preset: str | None = None) -> dict[str, ModelEntry]:
+    """ValueError for a models dir that is not one, PresetError for a preset file that cannot be used."""
+    found: dict[str, ModelEntry] = {}
     emb = embedded_model()
     if emb is not None:
-        entries[emb.name] = emb
+        found[emb.name] = emb
     if models_dir:
         for e in scan_models_dir(models_dir):
-            entries[e.name] = e
+            found[e.name] = e
+    glob, presets = load_presets(models_preset) if models_preset else ({}, {})
+    merged: dict[str, tuple[str, Options]] = {
+        name: (e.source, {**glob, "model": e.path}) for name, e in found.items()}
+    for name, opts in presets.items():
+        base = merged[name][1] if name in merged else {}
+        merged[name] = ("preset", {**base, **glob, **opts})
+    entries = {name: ModelEntry(name, opts.get("model", ""), source, opts, _names(opts.get("alias")),
+                                _names(opts.get("tags")))
+               for name, (source, opts) in merged.items()}
+    _check_names(entries)
     return entries

@@ -6,9 +6,11 @@ not: then ``failed`` with its exit code). ``--models-max N`` (0 = no limit) boun
 children alive at once: loading one more first stops the least recently used model that
 serves no request (none idle: "model limit reached, try again later").
 
-A child gets the router's own command line minus what only the router owns (``child_argv``),
-``-m PATH --alias NAME --host 127.0.0.1 --port P``, and ``LLAMA_SERVER_ROUTER_PORT`` in its
-environment; it exits when its stdin closes, so no child outlives the router.
+A child gets its model's options (``--model PATH`` and, from ``--models-preset``, the preset's
+flags, minus those the router's command line sets), the router's own command line minus what
+only the router owns (``child_argv``), ``--alias NAME --host 127.0.0.1 --port P``, and
+``LLAMA_SERVER_ROUTER_PORT`` in its environment; it exits when its stdin closes, so no child
+outlives the router. Asked to stop, a child gets its ``stop-timeout`` (10 s) before it is killed.
 
 Events for ``/models/sse`` (``notify``): ``model_status`` on spawning, ``status_change`` on
 every status change. Everything here runs on the router's event loop.
@@ -30,12 +32,17 @@ import httpx
 
 from kvserve.args.table import find_flag, flags_for_dest
 from kvserve.router.catalog import ModelEntry
+from kvserve.router.preset import Options, cli_options, keys_of_dests, to_args, to_ini, without
 
 log = logging.getLogger("kvserve.router")
 
 # What the router owns; never passed on to a child (flags and their environment variables).
 RESERVED_DESTS = ("models_dir", "models_max", "models_preset", "models_autoload", "host", "port",
                   "api_keys", "ssl_key_file", "ssl_cert_file", "aliases", "model")
+
+
+# What a preset may not set for its child: the router's own flags, and the name and address it gives.
+PRESET_RESERVED = frozenset(keys_of_dests(d for d in RESERVED_DESTS if d != "model"))
 
 
 def child_argv(argv: Sequence[str]) -> list[str]:
@@ -108,6 +115,7 @@ class ModelPool:
                  router_port: int, load_timeout: float = 600.0, health_path: str = "/health") -> None:
         self.instances = {name: Instance(e) for name, e in entries.items()}
         self.base_args = child_argv(argv)
+        self.cli_options: Options = cli_options(argv)  # the router's flags win over any preset
         self.models_max = models_max
         self.router_port = router_port
         self.load_timeout = load_timeout
@@ -141,7 +149,22 @@ class ModelPool:
 
     # -- queries ------------------------------------------------------------------------------
     def get(self, name: str) -> Instance | None:
-        return self.instances.get(name)
+        """The model named ``name``, or the one with that alias."""
+        inst = self.instances.get(name)
+        if inst is None:
+            inst = next((i for i in self.instances.values() if name in i.entry.aliases), None)
+        return inst
+
+    def child_options(self, entry: ModelEntry) -> Options:
+        opts = dict(entry.options)
+        if entry.path:
+            opts.setdefault("model", entry.path)
+        return without(opts, PRESET_RESERVED | set(self.cli_options))
+
+    def preset_ini(self, entry: ModelEntry) -> str:
+        """``status.preset`` of ``/models``: the model's options with the router's flags over them."""
+        return to_ini(entry.name, without({**self.child_options(entry), **self.cli_options},
+                                          PRESET_RESERVED | {"tags"}))
 
     def n_running(self) -> int:
         return sum(1 for i in self.instances.values() if i.running)
@@ -169,7 +192,7 @@ class ModelPool:
         inst.port = free_port()
         inst.failed, inst.exit_code, inst.stopping = False, 0, False
         inst.last_used = time.monotonic()
-        inst.args = [sys.executable, "-m", "kvserve", *self.base_args, "-m", inst.entry.path,
+        inst.args = [sys.executable, "-m", "kvserve", *to_args(self.child_options(inst.entry)), *self.base_args,
                      "--alias", inst.name, "--host", "127.0.0.1", "--port", str(inst.port)]
         log.info("spawning server instance with name=%s on port %d", inst.name, inst.port)
         self._set(inst, "loading")
@@ -233,14 +256,25 @@ class ModelPool:
             proc.terminate()
         except ProcessLookupError:
             pass
+        stop = asyncio.ensure_future(self._kill_after(proc, inst.entry.stop_timeout))
+        self._tasks.add(stop)
+        stop.add_done_callback(self._tasks.discard)
         if wait:
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await stop
             while inst.status != "unloaded":
                 await inst.changed.wait()
+
+    @staticmethod
+    async def _kill_after(proc: asyncio.subprocess.Process, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(proc.wait(), seconds)
+        except asyncio.TimeoutError:
+            log.warning("instance pid=%s did not stop in %.0f s; killing it", proc.pid, seconds)
+            try:
+                proc.kill()
+            except ProcessLookupError:
+                pass
+            await proc.wait()
 
     async def close(self) -> None:
         for inst in list(self.instances.values()):
