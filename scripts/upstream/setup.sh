@@ -20,7 +20,7 @@ if [[ ! -x venv/bin/pytest ]]; then
   python3 -m venv venv
   venv/bin/python -m pip install -q -r llama.cpp/tools/server/tests/requirements.txt pytest-timeout
 fi
-mkdir -p models
+mkdir -p models llama.cpp/tools/server/tests/tmp  # the suite writes its INI presets to tests/tmp
 [[ -e models/smollm2.gguf ]] || ln -s "$("$PY" -c 'from kvserve.model.files import default_model_path as p; print(p())')" models/smollm2.gguf
 [[ -s models/gemma-3-270m-q4_k_m.gguf ]] || "$PY" -c "from kvserve.model.files import gemma3_270m_path as p; p('$D/models')"
 printf '#!/bin/sh\nexec env PYTHONPATH="%s/src" "%s" -m kvserve "$@"\n' "$ROOT" "$PY" > kvserve-server
