@@ -26,14 +26,17 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         if norm_kernel.available(x) and residual.is_contiguous() and residual.dtype == x.dtype:
             return norm_kernel.add_rms_norm(x, residual, self.weight, self.eps)
-        s = x + residual
+        s = torch.add(x, residual)
         return self._norm(s), s
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         if norm_kernel.available(x):
             return norm_kernel.rms_norm(x, self.weight, self.eps)
-        if x.dtype == torch.float32:  # one fused op, same arithmetic
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if x.dtype == torch.float32:
+            # F.rms_norm's arithmetic (bit for bit) in fewer operations: on the CPU it runs as a
+            # composite of ~14 aten calls, and a decode step's cost is mostly per-call overhead
+            r = torch.mean(x * x, -1, keepdim=True).add_(self.eps).rsqrt_()
+            return torch.mul(x, r).mul_(self.weight)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * self.weight.float()).to(x.dtype)
@@ -56,8 +59,11 @@ class GatedMLP(nn.Module):
             gu = self.gate_up(x)
             if gu.dim() == 2 and gu.stride(-1) == 1 and norm_kernel.available(gu):
                 return self.down(norm_kernel.act_mul(gu, self.n_ff, self.act))
-            g, u = gu.split((self.n_ff, self.n_ff), dim=-1)
+            n = self.n_ff
+            g, u = gu[..., :n], gu[..., n:]
+            # act(gate) in place: gu is this call's own output
+            g = F.silu(g, inplace=True) if self.act == "silu" else F.gelu(g, approximate="tanh")
         else:
             g, u = self.gate(x), self.up(x)
-        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        return self.down(g * u)
+            g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
+        return self.down(torch.mul(g, u))

@@ -87,6 +87,7 @@ class RopeTables:
         self.n_pos = 0
         self.cos: dict[tuple[float, float], torch.Tensor] = {}
         self.sin: dict[tuple[float, float], torch.Tensor] = {}
+        self._full: dict[tuple[tuple[float, float], str], tuple[torch.Tensor, torch.Tensor]] = {}
         self.ensure(n_pos)
 
     def ensure(self, n_pos: int) -> None:
@@ -97,8 +98,17 @@ class RopeTables:
         pos = torch.arange(n, dtype=torch.int64, device=self.device)
         for key in self.keys:
             self.cos[key], self.sin[key] = rope_cos_sin(pos, self.rope_dim, key[0], key[1], torch.float32)
+        self._full.clear()
         self.n_pos = n
 
     def lookup(self, positions: torch.Tensor) -> dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]]:
         """Per key, (cos, sin) [T, rope_dim // 2] at ``positions`` (which must be covered)."""
         return {k: (self.cos[k].index_select(0, positions), self.sin[k].index_select(0, positions)) for k in self.keys}
+
+    def full(self, key: tuple[float, float], style: RopeStyle) -> tuple[torch.Tensor, torch.Tensor]:
+        """``full_tables`` of every covered position for ``key``: (C, S) [n_pos, 1, rope_dim], built
+        on first use (a step then gathers its rows instead of building them per step)."""
+        t = self._full.get((key, style))
+        if t is None:
+            t = self._full[(key, style)] = full_tables(self.cos[key], self.sin[key], style)
+        return t

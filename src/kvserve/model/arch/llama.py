@@ -35,6 +35,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
         cfg = self.cfg
         t = x.shape[0]
+        if self.qkv is not None and not cfg.qk_norm:
+            o = step.attend_qkv(self.layer, self.qkv(x), cfg.n_head, cfg.n_head_kv)
+            return self.o(o.reshape(t, cfg.n_head * cfg.head_dim))
         if self.qkv is not None:
             q, k, v = self.qkv(x).split(self.qkv_sizes, dim=-1)
         else:

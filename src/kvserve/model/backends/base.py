@@ -39,6 +39,14 @@ class AttentionStep(ABC):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """RoPE on q/k, KV write, attention: returns [T, H, D] in q's dtype."""
 
+    def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
+        """``attend`` on a fused projection's output: qkv [T, (H + 2·Hkv)·D] holds q, k and v side
+        by side (a backend may rotate q and k together). Returns [T, H, D]."""
+        t = qkv.shape[0]
+        x = qkv.view(t, n_head + 2 * n_head_kv, -1)
+        q, k, v = x.split((n_head, n_head_kv, n_head_kv), dim=1)
+        return self.attend(layer, q, k, v)
+
 
 class AttentionBackend(ABC):
     name: str = "base"

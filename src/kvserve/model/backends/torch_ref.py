@@ -10,17 +10,24 @@ decode batch, any batch width), where float32 SDPA differs between them by an ul
 quantized path rounds every linear layer's input and output to bf16 (``quant.int4``), and one
 flipped bf16 rounding grows through the layers to ~0.1 in the logits; with attention
 batch-invariant, a cached prefix gives the logits of an uncached run.
+
+A step of one sequence decoding one token (single-stream decode) has its own few-operation path:
+its tensors are built straight from the page table, its keys read as a view of the cache when
+its pages are consecutive (else gathered a page at a time), and ``attention.one_query_attention``
+replaces the padded batch and its mask; the step's buffers (``attention.Scratch``) serve every
+layer. On the CPU a decode step's cost outside the linear layers is mostly the fixed cost of
+each torch call, not its arithmetic.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..attention import AttnMeta, build_meta, paged_attention
+from ..attention import AttnMeta, Scratch, SeqKeys, build_meta, one_query_attention, paged_attention
 from ..config import ModelConfig
 from ..kv_store import PagedKVStore
 from ..quant.linear import GEMV_MAX_ROWS
-from ..rope import RopeTables, apply_rope, apply_rope_full, full_tables
+from ..rope import RopeTables, apply_rope, apply_rope_full
 from .base import AttentionBackend, AttentionStep, StepSeq
 
 
@@ -38,36 +45,72 @@ WIDE_MAX_KEYS = 256
 
 class TorchStep(AttentionStep):
     def __init__(
-        self, cfg: ModelConfig, kv: PagedKVStore, meta: AttnMeta, rope: dict, wide: bool = False
+        self, be: TorchBackend, meta: AttnMeta, wide: bool = False, one: SeqKeys | None = None, pos: int = -1
     ) -> None:
-        self.cfg = cfg
-        self.kv = kv
+        self.cfg = be.cfg
+        self.kv = be.kv
         self.meta = meta
         self.wide = wide  # float32 attention computed in float64 (see WIDE_MAX_ROWS)
         self.positions = meta.positions
-        self.rope = rope
-        self._full: dict = {}  # rope key → (C, S) of apply_rope_full, built on first use
+        self._be = be
+        self._tables: dict = {}  # rope key → this step's rows of its tables, gathered on first use
+        self._scratch = Scratch()
+        # One sequence decoding one token (``TorchBackend.prepare``): its keys, read without
+        # the generic path's masks, padding and batch-row gathers; ``meta`` then has no groups.
+        self._one = one
+        self._pos = pos  # that token's position
 
     def _rope(self, layer: int, x: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        key = cfg.layer_rope(layer)
-        cos, sin = self.rope[key]
-        if cos.shape[-1] * 2 != x.shape[-1] or x.dtype != torch.float32:
-            return apply_rope(x, cos, sin, cfg.rope_style)
-        t = self._full.get(key)
+        be = self._be
+        key = be.layer_rope[layer]
+        t = self._tables.get(key)
         if t is None:
-            t = self._full[key] = full_tables(cos, sin, cfg.rope_style)
-        return apply_rope_full(x, t[0], t[1], cfg.rope_style)
+            if x.shape[-1] == self.cfg.rope_dim and x.dtype == torch.float32:
+                c, s = be.rope.full(key, self.cfg.rope_style)
+                p = self._pos
+                if p >= 0:  # one token: views of its rows
+                    t = ("full", c[p : p + 1], s[p : p + 1])
+                else:
+                    t = ("full", c.index_select(0, self.positions), s.index_select(0, self.positions))
+            else:
+                pos = self.positions
+                t = ("half", be.rope.cos[key].index_select(0, pos), be.rope.sin[key].index_select(0, pos))
+            self._tables[key] = t
+        if t[0] == "full" and x.dtype == torch.float32 and x.shape[-1] == t[1].shape[-1]:
+            return apply_rope_full(x, t[1], t[2], self.cfg.rope_style)
+        if t[0] == "full":  # (a layer of another dtype than the one that built the tables)
+            pos = self.positions
+            t = ("half", be.rope.cos[key].index_select(0, pos), be.rope.sin[key].index_select(0, pos))
+        return apply_rope(x, t[1], t[2], self.cfg.rope_style)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        q = self._rope(layer, q)
-        k = self._rope(layer, k)
-        cfg = self.cfg
-        self.kv.write(layer, self.meta.write_rows, k, v)
+        return self._attend(layer, self._rope(layer, q), self._rope(layer, k), v)
+
+    def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
+        """q and k rotated together (one set of elementwise ops for both: the same values)."""
+        t = qkv.shape[0]
+        x = qkv.view(t, n_head + 2 * n_head_kv, -1)
+        qk = self._rope(layer, x[:, : n_head + n_head_kv])
+        return self._attend(layer, qk[:, :n_head], qk[:, n_head:], x[:, n_head + n_head_kv :])
+
+    def _attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        be = self._be
+        kc, vc = be.k_layers[layer], be.v_layers[layer]
+        if kc.dtype == k.dtype:
+            kc.index_copy_(0, self.meta.write_rows, k)
+            vc.index_copy_(0, self.meta.write_rows, v)
+        else:  # rounded to the pool's dtype in this step's buffers, then written
+            sc = self._scratch
+            kc.index_copy_(0, self.meta.write_rows, sc.get("kw", tuple(k.shape), kc.dtype, k.device).copy_(k))
+            vc.index_copy_(0, self.meta.write_rows, sc.get("vw", tuple(v.shape), vc.dtype, v.device).copy_(v))
         wide = self.wide and q.dtype == torch.float32
+        if self._one is not None:
+            dt = torch.float64 if wide else q.dtype
+            o = one_query_attention(q, kc, vc, self._one, be.attn_scale, dt, self._scratch)
+            return o if o.dtype == q.dtype else o.to(q.dtype)
         o = paged_attention(
-            q.double() if wide else q, self.kv.k_layers[layer], self.kv.v_layers[layer], self.meta,
-            cfg.layer_window(layer), cfg.attn_scale,
+            q.double() if wide else q.contiguous(), be.k_layers[layer], be.v_layers[layer], self.meta,
+            be.layer_window[layer], be.attn_scale,
         )
         return o.to(q.dtype) if wide else o
 
@@ -80,11 +123,34 @@ class TorchBackend(AttentionBackend):
         self.kv = kv
         self.rope = rope
         self.device = kv.device
+        # per-layer constants, looked up once instead of every layer of every step
+        self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.n_layer)]
+        self.layer_window = [cfg.layer_window(i) for i in range(cfg.n_layer)]
+        self.attn_scale = cfg.attn_scale
+        self.k_layers, self.v_layers = kv.k_layers, kv.v_layers
+        self.min_window = min((w for w in self.layer_window if w > 0), default=0)
 
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
-        meta = build_meta([(s.start, s.n, list(s.page_table)) for s in seqs], self.kv.page_size, self.device)
-        self.rope.ensure(max(s.start + s.n for s in seqs))
-        ids_t = torch.tensor(ids, dtype=torch.int64, device=self.device)
+        if len(seqs) == 1 and seqs[0].n == 1:
+            s = seqs[0]
+            n_keys = s.start + 1
+            if self.min_window <= 0 or n_keys <= self.min_window:  # every key visible in every layer
+                return self._prepare_one(s, ids[0], n_keys)
+        meta = build_meta([(s.start, s.n, s.page_table) for s in seqs], self.kv.page_size, self.device)
         n_keys = max(s.start + s.n for s in seqs)
+        self.rope.ensure(n_keys)
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=self.device)
         wide = self.device.type == "cpu" and len(ids) <= WIDE_MAX_ROWS and n_keys <= WIDE_MAX_KEYS
-        return ids_t, TorchStep(self.cfg, self.kv, meta, self.rope.lookup(meta.positions), wide)
+        return ids_t, TorchStep(self, meta, wide)
+
+    def _prepare_one(self, s: StepSeq, token: int, n_keys: int) -> tuple[torch.Tensor, AttentionStep]:
+        """One token of one sequence: the step's few tensors straight from the page table."""
+        ps = self.kv.page_size
+        pos = s.start
+        row = s.page_table[pos // ps] * ps + pos % ps
+        t = torch.tensor([token, pos, row], dtype=torch.int64, device=self.device)
+        self.rope.ensure(n_keys)
+        meta = AttnMeta(positions=t[1:2], write_rows=t[2:3], page_size=ps)
+        keys = SeqKeys.of(s.page_table, n_keys, ps, self.device)
+        wide = self.device.type == "cpu" and 1 <= WIDE_MAX_ROWS and n_keys <= WIDE_MAX_KEYS
+        return t[0:1], TorchStep(self, meta, wide, keys, pos)

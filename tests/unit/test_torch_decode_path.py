@@ -1,0 +1,70 @@
+"""The torch backend's path for one sequence decoding one token (``TorchBackend._prepare_one``,
+``attention.one_query_attention``) against its generic path (``build_meta`` +
+``paged_attention``): consecutive and scattered pages, float16 and float32 KV, float64 and
+float32 attention, GQA, QK-norm and sliding windows (past the window the generic path runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.model.attention import SeqKeys
+from kvserve.model.backends import torch_ref
+from kvserve.model.loader import load_gguf
+from kvserve.model.runner import ModelRunner
+from kvserve.model.synth import SynthSpec, write_random_gguf
+from kvserve.plan import Plan, SeqChunk
+
+
+def test_seq_keys_read_matches_row_gather():
+    ps = 4
+    cache = torch.randn(40, 2, 3)
+    for table, n in [((2, 3, 4), 10), ((5, 1, 7), 9), ((3,), 2), ((6, 7, 9), 12)]:
+        keys = SeqKeys.of(table, n, ps, cache.device)
+        n_pages = -(-n // ps)
+        assert (keys.pages is None) == (table[:n_pages] == tuple(range(table[0], table[0] + n_pages)))
+        rows = torch.tensor([table[p // ps] * ps + p % ps for p in range(n)])
+        assert torch.equal(keys.read(cache), cache.index_select(0, rows))
+
+
+def _decode_logits(
+    runner: ModelRunner, toks: list[int], table: tuple[int, ...], n_prompt: int
+) -> list[torch.Tensor]:
+    out = [runner.run(Plan((SeqChunk(0, tuple(toks[:n_prompt]), 0, table, "last"),))).logits[0]]
+    for p in range(n_prompt, len(toks)):
+        out.append(runner.run(Plan((SeqChunk(0, (toks[p],), p, table, "last"),))).logits[0])
+    return out
+
+
+@pytest.mark.parametrize("arch,window", [("llama", 0), ("qwen3", 0), ("gemma3", 16)])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("wide", [True, False])
+def test_one_sequence_decode_matches_generic_path(arch, window, kv_dtype, wide, tmp_path, monkeypatch):
+    spec = SynthSpec(arch=arch, n_layer=2, head_dim=32, n_embd=128, n_head=4, n_head_kv=2,
+                     sliding_window=window, n_vocab=300)
+    path = write_random_gguf(str(tmp_path / f"{arch}.gguf"), spec)
+    monkeypatch.setenv("KVSERVE_ATTN_BACKEND", "torch")
+    if not wide:
+        monkeypatch.setattr(torch_ref, "WIDE_MAX_ROWS", 0)
+    loaded = load_gguf(path, device=torch.device("cpu"))
+    fast = ModelRunner(loaded, n_pages=12, page_size=8, kv_dtype=kv_dtype)
+    ref = ModelRunner(loaded, n_pages=12, page_size=8, kv_dtype=kv_dtype)
+    ref.backend.min_window = 1  # every single-token step takes the generic path
+    toks = torch.randint(0, spec.n_vocab, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    seen_fast = []
+    orig = torch_ref.TorchBackend._prepare_one
+    monkeypatch.setattr(torch_ref.TorchBackend, "_prepare_one",
+                        lambda self, *a: seen_fast.append(self is fast.backend) or orig(self, *a))
+    for table in [(0, 1, 2, 3, 4), (9, 2, 6, 3, 11)]:  # consecutive pages (read as a view), scattered
+        seen_fast.clear()
+        got = _decode_logits(fast, toks, table, 5)
+        assert not any(seen_fast[i] is False for i in range(len(seen_fast)))
+        n_fast = len(seen_fast)
+        want = _decode_logits(ref, toks, table, 5)
+        assert n_fast == (35 if window == 0 else window - 5), n_fast
+        for i, (g, w) in enumerate(zip(got, want)):
+            if wide:
+                assert torch.equal(g, w), (table, i, (g - w).abs().max().item())
+            else:
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
