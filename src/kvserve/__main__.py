@@ -59,7 +59,7 @@ def build_engine(cfg: Config):
     if e.cache_type_k != e.cache_type_v:
         raise ConfigError("error: -ctk and -ctv must name the same type in kvserve (one KV page layout)")
     path = e.model_path or default_model_path()
-    loaded = load_gguf(path, dtype=dtype, device=device, weights=e.resolve_weights(device))
+    loaded = load_gguf(path, dtype=dtype, device=device, weights=e.resolve_weights(device), rope=e.rope)
     log = logging.getLogger("kvserve")
     log.info(
         "model loaded: %s (%s, %d layers) in %.1f s", loaded.cfg.name, loaded.cfg.arch, loaded.cfg.n_layer, loaded.load_s

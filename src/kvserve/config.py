@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -31,6 +32,7 @@ from kvserve.args import (
 )
 from kvserve.grammar.spec import GrammarSpec
 from kvserve.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
+from kvserve.model.config import RopeOverride
 from kvserve.model.files import DEFAULT_MODEL_FILE
 
 __all__ = [
@@ -168,6 +170,7 @@ class EngineConfig:
     warmup: bool
     embedding: bool
     sleep_idle_seconds: int = -1  # unload the model after this many idle seconds; -1 = never
+    rope: RopeOverride = RopeOverride()  # --rope-freq-base, --rope-freq-scale / --rope-scale, --rope-scaling
 
     def resolve_parallel(self) -> ParallelPlan:
         """``-np -1`` (auto) means 4 slots and unified KV; an explicit N keeps ``-kvu`` as given."""
@@ -316,6 +319,23 @@ def _grammar_default(v: Mapping[str, Any]) -> GrammarSpec | None:
     return None
 
 
+def _rope_override(parsed: ParsedArgs) -> RopeOverride:
+    """llama.cpp's ``params.rope_*``: --rope-scale N and --rope-freq-scale both set the frequency
+    scale (1/N and N, in float32); the one set last wins."""
+    v = parsed.values
+    freq_scale = 0.0
+    scale_dests = [d for d in ("rope_freq_scale", "rope_scale") if v[d] is not None]
+    if scale_dests:
+        last = max(scale_dests, key=lambda d: parsed.order.get(d, -1))
+        freq_scale = _f32(v[last]) if last == "rope_freq_scale" else _f32(1.0 / _f32(v[last]))
+    return RopeOverride(freq_base=_f32(v["rope_freq_base"] or 0.0), freq_scale=freq_scale,
+                        scaling=v["rope_scaling"] or None)
+
+
+def _f32(x: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
 def _tls_files(key: str | None, cert: str | None, note: Callable[[str], None]
                ) -> tuple[str | None, str | None]:
     """HTTPS needs both files, as in llama-server (one alone: plain HTTP, here with a warning);
@@ -434,7 +454,7 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
         n_keep=v["n_keep"], n_predict=v["n_predict"], cache_type_k=kv_k,
         cache_type_v=kv_v, threads=_threads(parsed, "threads"),
         threads_batch=_threads(parsed, "threads_batch"), flash_attn=v["flash_attn"], warmup=v["warmup"],
-        embedding=embedding, sleep_idle_seconds=v["sleep_idle_seconds"],
+        embedding=embedding, sleep_idle_seconds=v["sleep_idle_seconds"], rope=_rope_override(parsed),
     )
     sampling = SamplingDefaults(**{
         f.name: v[f.name] for f in fields(SamplingDefaults) if f.name != "dry_sequence_breakers"

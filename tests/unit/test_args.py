@@ -46,6 +46,7 @@ def _samples(tmp: Path) -> dict[str, tuple[str, Any, str, Any]]:
         "device": ("cpu", "cpu", "cuda", "cuda"),
         "reasoning_format": ("none", "none", "deepseek", "deepseek"),
         "reasoning": ("on", "on", "off", "off"),
+        "rope_scaling": ("linear", "linear", "none", "none"),
         "fit": ("off", "off", "0", "off"),
         "log_colors": ("on", "on", "off", "off"),
         "spec_type": ("ngram-mod", "ngram-mod", "draft", "draft"),
@@ -255,7 +256,8 @@ def test_refused_flag_at_default_is_fine(spec: FlagSpec) -> None:
 
 
 @pytest.mark.parametrize(("argv", "shown"), [
-    (["--rope-freq-base", "10000"], "--rope-freq-base"),
+    (["--yarn-ext-factor", "1"], "--yarn-ext-factor"),
+    (["--rope-scaling", "yarn"], "--rope-scaling yarn"),
     (["--lora", "x.gguf"], "--lora"),
     (["--control-vector-layer-range", "1", "4"], "--control-vector-layer-range"),
     (["--gpt-oss-20b-default"], "--gpt-oss-20b-default"),
@@ -326,7 +328,7 @@ def test_warned_value_from_env_names_the_variable() -> None:
 
 
 def test_all_refusals_reported_at_once() -> None:
-    lines = error_of(["--hf-repo", "a/b", "--rope-scale", "2", "--lora", "x"]).splitlines()
+    lines = error_of(["--hf-repo", "a/b", "--yarn-orig-ctx", "4096", "--lora", "x"]).splitlines()
     assert len(lines) == 3 and all("is not supported by kvserve" in line for line in lines)
 
 

@@ -243,3 +243,47 @@ def test_reasoning_flags_reach_the_server_config() -> None:
                                             "preserve_reasoning": False}
     s = cfg("--chat-template-kwargs", '{"reasoning_effort": "low"}', "--reasoning-effort", "default")[0].server
     assert "reasoning_effort" not in s.chat_template_kwargs
+
+
+def test_rope_overrides() -> None:
+    from kvserve.model.config import RopeOverride
+
+    assert cfg()[0].engine.rope == RopeOverride()
+    assert cfg("--rope-freq-base", "10000")[0].engine.rope == RopeOverride(freq_base=10000.0)
+    # --rope-scale N is a frequency scale of 1/N; of it and --rope-freq-scale the later one wins
+    assert cfg("--rope-scale", "4")[0].engine.rope.freq_scale == 0.25
+    assert cfg("--rope-scale", "4", "--rope-freq-scale", "0.75")[0].engine.rope.freq_scale == 0.75
+    assert cfg("--rope-freq-scale", "0.75", "--rope-scale", "4")[0].engine.rope.freq_scale == 0.25
+    assert cfg("--rope-freq-scale", "0.3", env={"LLAMA_ARG_ROPE_SCALE": "2"})[0].engine.rope.freq_scale == \
+        pytest.approx(0.3, rel=1e-7)  # the command line beats the environment (float32, as llama.cpp)
+    assert cfg(env={"LLAMA_ARG_ROPE_SCALING_TYPE": "none"})[0].engine.rope.scaling == "none"
+    with pytest.raises(ConfigError, match="--rope-scaling yarn is not supported by kvserve: YaRN"):
+        cfg("--rope-scaling", "yarn")
+    with pytest.raises(ConfigError, match='^error while handling argument "--rope-scaling": invalid value'):
+        cfg("--rope-scaling", "lin")
+    with pytest.raises(ConfigError, match="infinite frequency scale"):
+        cfg("--rope-scale", "0")
+    with pytest.raises(ConfigError, match="--yarn-ext-factor is not supported by kvserve"):
+        cfg("--yarn-ext-factor", "1")
+
+
+def test_rope_override_rules() -> None:
+    """llama.cpp's cparams: 0 keeps the model's value, scaling type none never scales, and
+    sliding-window layers keep their own RoPE."""
+    from kvserve.model.config import RopeOverride, config_from_metadata
+
+    meta = {"general.architecture": "gemma3", "gemma3.embedding_length": 64, "gemma3.attention.head_count": 4,
+            "gemma3.block_count": 6, "gemma3.feed_forward_length": 128, "gemma3.rope.freq_base": 1e6,
+            "gemma3.attention.sliding_window": 512, "gemma3.rope.scaling.factor": 8.0}
+    c = config_from_metadata(meta, set())
+    assert (c.rope_scaling, c.rope_factor, c.rope_scale) == ("linear", 8.0, 8.0)  # no type named: linear
+    assert c.layer_rope(0) == (10000.0, 1.0) and c.layer_rope(5) == (1e6, 8.0)
+    o = RopeOverride(freq_base=5e5).apply(c)
+    assert o.layer_rope(5) == (5e5, 8.0) and o.layer_rope(0) == (10000.0, 1.0)
+    assert RopeOverride(freq_scale=0.5).apply(c).layer_rope(5) == (1e6, 2.0)
+    assert RopeOverride(scaling="none").apply(c).layer_rope(5) == (1e6, 1.0)
+    assert RopeOverride(scaling="none", freq_scale=0.5).apply(c).layer_rope(5) == (1e6, 1.0)
+    none = config_from_metadata({**meta, "gemma3.rope.scaling.type": "none"}, set())
+    assert none.rope_scale == 1.0 and RopeOverride(freq_scale=0.5).apply(none).rope_scale == 1.0
+    assert RopeOverride(scaling="linear").apply(none).rope_scale == 8.0  # the GGUF's factor
+    assert RopeOverride().apply(c) is c

@@ -162,10 +162,16 @@ the feature gets a 400 naming it. `/cors-proxy` with `--ui-mcp-proxy` or `-ag` i
 proxy, which forwards only the headers named `x-llama-server-proxy-header-NAME`. `--tools` (or
 `-ag`) serves llama-server's built-in agent tools at `GET/POST /tools` (see "Agent tools" below),
 MCP servers add theirs. Only a value that would silently change every answer (another
-model, RoPE overrides, adapters applied to every request, control vectors) is **refused**: it
+model, YaRN RoPE scaling, adapters applied to every request, control vectors) is **refused**: it
 stops kvserve with `error: <flag> is not supported by kvserve: <reason>` and exit status 1.
 Values at the default are always accepted. Some implemented flags warn about particular values
 (noted below).
+
+RoPE overrides: `--rope-freq-base`, `--rope-freq-scale`, `--rope-scale N` (a frequency scale
+of 1/N) and `--rope-scaling none|linear` change the rotary embedding as llama.cpp's context
+parameters do: 0 keeps the model's value, the GGUF's scaling factor applies unless the type is
+`none` (which never scales), and sliding-window layers (Gemma 3) keep their own RoPE. YaRN
+(`--rope-scaling yarn`, `--yarn-*`) is refused.
 
 HTTPS: with `--ssl-key-file` and `--ssl-cert-file` (PEM files) every listening address serves
 TLS (a router too; its children stay on plain HTTP on 127.0.0.1). A key or certificate that

@@ -30,7 +30,8 @@ _FIT = "automatic memory fitting is not implemented; size the KV pool with -c"
 _LOGFMT = "the log line format is fixed"
 _LORA_APPLIED = ("LoRA adapters are not supported (llama-server would apply them to every request; "
                  "with --lora-init-without-apply they are only warned about)")
-_ROPE = "RoPE/YaRN overrides are not supported; kvserve uses the model's own RoPE settings"
+_YARN = ("YaRN RoPE scaling is not supported (--rope-freq-base, --rope-freq-scale, --rope-scale and "
+         "--rope-scaling none or linear are)")
 _CONTROL = "control vectors are not supported"
 _SPECULATIVE = "speculative decoding is not supported (answers are the same without it)"
 _PLACEMENT = ("llama.cpp backend placement/tuning; kvserve runs on torch "
@@ -45,8 +46,7 @@ REFUSED: dict[str, str] = {
     "docker_repo": _DOWNLOAD,
     "lora": _LORA_APPLIED,
     "lora_scaled": _LORA_APPLIED,
-    **{dest: _ROPE for dest in ("rope_scaling", "rope_scale", "rope_freq_base", "rope_freq_scale",
-                                "yarn_orig_ctx", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_slow",
+    **{dest: _YARN for dest in ("yarn_orig_ctx", "yarn_ext_factor", "yarn_attn_factor", "yarn_beta_slow",
                                 "yarn_beta_fast")},
     "override_kv": "overriding model metadata is not supported",
     "control_vector": _CONTROL,
@@ -130,7 +130,11 @@ def _kv_type_rule(v: Any) -> str | None:
     return "quantized KV cache types are not supported; the KV cache is stored as f16"
 
 
-REFUSED_VALUES: dict[str, ValueRule] = {}
+REFUSED_VALUES: dict[str, ValueRule] = {
+    "rope_scaling": ValueRule(lambda v: _YARN if v == "yarn" else None, "yarn is refused"),
+    "rope_scale": ValueRule(lambda v: "a RoPE context scale of 0 is an infinite frequency scale"
+                            if v == 0.0 else None, "0 is refused"),
+}
 
 # Values of implemented flags that are accepted with a warning (and replaced, see config.py).
 WARNED_VALUES: dict[str, ValueRule] = {

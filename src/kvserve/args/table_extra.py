@@ -14,7 +14,7 @@ from .convert import _read_text
 from .spec import ArgType, FlagSpec, Warn
 from .status import PRESET_NAMES
 
-I, S, B, V = ArgType.INT, ArgType.STR, ArgType.BOOL, ArgType.VOID  # noqa: E741
+I, FL, S, B, V = ArgType.INT, ArgType.FLOAT, ArgType.STR, ArgType.BOOL, ArgType.VOID  # noqa: E741
 _OTHER = "other"
 
 
@@ -25,6 +25,12 @@ def _removed(hint: str):  # noqa: ANN202 - a converter
     return convert
 
 
+def _rope_scaling(text: str, warn: Warn) -> str:
+    if text not in ("none", "linear", "yarn"):
+        raise ValueError("invalid value")
+    return text
+
+
 def _read_text_file(text: str, warn: Warn) -> str:
     return _read_text(text)
 
@@ -32,8 +38,8 @@ def _read_text_file(text: str, warn: Warn) -> str:
 def R(names: str, dest: str, type_: ArgType, help: str, *, hint: str | None = None, env: str | None = None,
       neg: str = "", **kw: Any) -> FlagSpec:
     """A row whose default is "not given" (None / False)."""
-    if hint is None and type_ in (I, S):
-        hint = "N" if type_ is I else "VALUE"
+    if hint is None and type_ in (I, FL, S):
+        hint = "N" if type_ in (I, FL) else "VALUE"
     default: Any = False if type_ in (B, V) else None
     if type_ is B:
         default = kw.pop("default", True)
@@ -62,13 +68,16 @@ _ROWS: tuple[FlagSpec, ...] = (
       env="LLAMA_ARG_NUMA"),
     R("--perf", "perf", B, "internal libllama performance timings", neg="--no-perf", env="LLAMA_ARG_PERF",
       default=False),
-    # --- RoPE / YaRN overrides (change every answer: refused) ----------------------------------
+    # --- RoPE overrides (context parameters, as llama.cpp's cparams); YaRN ones are refused ------
     R("--rope-scaling", "rope_scaling", S, "RoPE frequency scaling method", hint="{none,linear,yarn}",
-      env="LLAMA_ARG_ROPE_SCALING_TYPE"),
-    R("--rope-scale", "rope_scale", S, "RoPE context scaling factor", hint="N", env="LLAMA_ARG_ROPE_SCALE"),
-    R("--rope-freq-base", "rope_freq_base", S, "RoPE base frequency",
-      hint="N", env="LLAMA_ARG_ROPE_FREQ_BASE"),
-    R("--rope-freq-scale", "rope_freq_scale", S, "RoPE frequency scaling factor", hint="N",
+      env="LLAMA_ARG_ROPE_SCALING_TYPE", convert=_rope_scaling,
+      notes="default: the model's (linear when the GGUF names none); `none` never scales; `yarn` is refused"),
+    R("--rope-scale", "rope_scale", FL, "RoPE context scaling factor (frequency scale 1/N)", hint="N",
+      env="LLAMA_ARG_ROPE_SCALE", notes="the later of --rope-scale and --rope-freq-scale wins"),
+    R("--rope-freq-base", "rope_freq_base", FL, "RoPE base frequency (0 = the model's)",
+      hint="N", env="LLAMA_ARG_ROPE_FREQ_BASE",
+      notes="applies to full-attention layers; Gemma 3's sliding-window layers keep theirs, as in llama.cpp"),
+    R("--rope-freq-scale", "rope_freq_scale", FL, "RoPE frequency scaling factor (0 = the model's)", hint="N",
       env="LLAMA_ARG_ROPE_FREQ_SCALE"),
     R("--yarn-orig-ctx", "yarn_orig_ctx", S, "YaRN: original context size",
       hint="N", env="LLAMA_ARG_YARN_ORIG_CTX"),

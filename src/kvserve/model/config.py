@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 RopeStyle = Literal["norm", "neox"]  # norm: adjacent pairs (llama.cpp LLAMA_ROPE_TYPE_NORM); neox: halves
@@ -41,6 +41,8 @@ class ModelConfig:
     qkv_bias: bool
     tied_embeddings: bool
     file_type: int = 0
+    rope_scaling: str = "linear"  # the GGUF's scaling type (llama.cpp's default when it names none)
+    rope_factor: float = 1.0  # the GGUF's scaling factor (1 / llama.cpp's rope_freq_scale_train)
 
     def layer_window(self, i: int) -> int:
         return self.sliding_window if self.swa_layers[i] else 0
@@ -79,13 +81,11 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelC
     n_layer = int(_get(meta, arch, "block_count"))
     n_vocab = int(meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", []))))
     rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
-    rope_scale = 1.0
-    if meta.get(f"{arch}.rope.scaling.type", "none") == "linear":
-        rope_scale = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    elif meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
-        raise UnsupportedModelError(
-            f"unsupported rope scaling '{meta.get(f'{arch}.rope.scaling.type')}'; supported: none, linear"
-        )
+    rope_scaling = str(meta.get(f"{arch}.rope.scaling.type") or "linear")
+    if rope_scaling not in ("none", "linear"):
+        raise UnsupportedModelError(f"unsupported rope scaling '{rope_scaling}'; supported: none, linear")
+    rope_factor = float(meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear") or 1.0)
+    rope_scale = rope_factor if rope_scaling == "linear" else 1.0
     sliding_window = 0
     swa_layers = tuple(False for _ in range(n_layer))
     rope_base_local = rope_base
@@ -124,4 +124,28 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str]) -> ModelC
         qkv_bias="blk.0.attn_q.bias" in tensor_names,
         tied_embeddings="output.weight" not in tensor_names,
         file_type=int(meta.get("general.file_type", 0)),
+        rope_scaling=rope_scaling,
+        rope_factor=rope_factor,
     )
+
+
+@dataclass(frozen=True)
+class RopeOverride:
+    """llama.cpp's context RoPE parameters (``--rope-freq-base``, ``--rope-freq-scale`` or
+    ``--rope-scale``, ``--rope-scaling``); 0 / None keep the model's. As in llama.cpp they apply
+    to the full-attention layers only (sliding-window layers keep their own RoPE), and scaling
+    type ``none`` never scales."""
+
+    freq_base: float = 0.0
+    freq_scale: float = 0.0  # multiplies positions (1 / the context scale factor)
+    scaling: str | None = None  # none | linear
+
+    def apply(self, cfg: ModelConfig) -> ModelConfig:
+        if self == RopeOverride():
+            return cfg
+        scaling = self.scaling or cfg.rope_scaling
+        freq_scale = self.freq_scale if self.freq_scale != 0.0 else 1.0 / cfg.rope_factor
+        if scaling == "none":
+            freq_scale = 1.0
+        base = self.freq_base if self.freq_base != 0.0 else cfg.rope_base
+        return replace(cfg, rope_base=base, rope_scale=1.0 / freq_scale, rope_scaling=scaling)

@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType
 from torch import nn
 
 from .arch import ARCHITECTURES
-from .config import ModelConfig, UnsupportedModelError, config_from_metadata
+from .config import ModelConfig, RopeOverride, UnsupportedModelError, config_from_metadata
 from .fuse import fuse_dense
 from .gguf_meta import read_gguf
 from .quant import dequantize
@@ -153,9 +153,11 @@ def _module_bytes(model: nn.Module) -> int:
 
 
 def load_gguf(
-    path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", weights: str = "auto"
+    path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", weights: str = "auto",
+    rope: RopeOverride | None = None,
 ) -> LoadedModel:
-    """``weights``: ``quant``, ``dense``, or ``auto`` = quant for float32 on the CPU, else dense."""
+    """``weights``: ``quant``, ``dense``, or ``auto`` = quant for float32 on the CPU, else dense.
+    ``rope``: the command line's RoPE overrides."""
     t0 = time.perf_counter()
     device = torch.device(device)
     if weights == "auto":
@@ -168,6 +170,8 @@ def load_gguf(
     meta = reader.metadata
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(meta, names)
+    if rope is not None:
+        cfg = rope.apply(cfg)
     known = set(GGMLQuantizationType)
     with torch.device("meta"), _no_init():
         model = ARCHITECTURES[cfg.arch](cfg)
