@@ -1,4 +1,5 @@
-"""Building blocks shared by the architecture files."""
+"""Building blocks shared by the architecture files (submodules called through ``.forward``, as
+in ``arch.llama``)."""
 
 from __future__ import annotations
 
@@ -56,14 +57,14 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gu = self.gate_up(x)
+            gu = self.gate_up.forward(x)
             if gu.dim() == 2 and gu.stride(-1) == 1 and norm_kernel.available(gu):
-                return self.down(norm_kernel.act_mul(gu, self.n_ff, self.act))
+                return self.down.forward(norm_kernel.act_mul(gu, self.n_ff, self.act))
             n = self.n_ff
             g, u = gu[..., :n], gu[..., n:]
             # act(gate) in place: gu is this call's own output
             g = F.silu(g, inplace=True) if self.act == "silu" else F.gelu(g, approximate="tanh")
         else:
-            g, u = self.gate(x), self.up(x)
+            g, u = self.gate.forward(x), self.up.forward(x)
             g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        return self.down(torch.mul(g, u))
+        return self.down.forward(torch.mul(g, u))

@@ -28,11 +28,11 @@ class Gemma3Block(nn.Module):
                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``LlamaBlock.forward``: the output is the sum of the returned pair."""
         if residual is None:
-            h, residual = self.attn_norm(x), x
+            h, residual = self.attn_norm.forward(x), x
         else:
-            h, residual = self.attn_norm(x, residual)
-        h, residual = self.ffn_norm(self.post_attn_norm(self.attn(h, step)), residual)
-        return self.post_ffn_norm(self.mlp(h)), residual
+            h, residual = self.attn_norm.forward(x, residual)
+        h, residual = self.ffn_norm.forward(self.post_attn_norm.forward(self.attn.forward(h, step)), residual)
+        return self.post_ffn_norm.forward(self.mlp.forward(h)), residual
 
 
 class Gemma3Model(LlamaModel):
