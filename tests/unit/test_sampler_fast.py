@@ -100,6 +100,35 @@ def test_greedy_is_argmax(device, monkeypatch) -> None:
     assert [r.token for r in sample_batch(x, samplers)] == x.argmax(-1).tolist()
 
 
+GREEDY_BIASED = [
+    SamplingParams(temperature=0.0, logit_bias=((11, 4.0), (12, 0.5))),
+    SamplingParams(temperature=0.0, logit_bias=((3, 5.0), (7, float("-inf")), (3, 1.0))),
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.0, repeat_penalty=1.5, repeat_last_n=-1),  # window empty at first
+]
+
+
+@pytest.mark.parametrize("device", DEVS)
+@pytest.mark.parametrize("ties", [False, True])
+def test_greedy_with_biases_same_tokens_and_logits_untouched(device, ties, monkeypatch) -> None:
+    """A step of greedy rows goes straight to argmax: biases written into the logits and put
+    back (the logits afterwards are bit for bit the runner's), the same tokens as the chain."""
+    assert _run(GREEDY_BIASED, 30, device, True, monkeypatch, ties) == _run(
+        GREEDY_BIASED, 30, device, False, monkeypatch, ties)
+    samplers = [SequenceSampler(p, V) for p in GREEDY_BIASED[:3]]
+    x = _logits(5, 3, device, ties)
+    x[0, 12] = x[0].max() + 0.25  # a bias that decides the row: 12 + 0.5 beats 12's neighbours
+    before = x.clone()
+    got = sampler_fast.sample_tokens(x, samplers)
+    assert torch.equal(x, before)
+    want = before.clone()
+    want[0, 11] += 4.0
+    want[0, 12] += 0.5
+    want[1, 3] += 6.0
+    want[1, 7] = float("-inf")
+    assert got == want.argmax(-1).tolist()
+
+
 def test_seeded_row_does_not_depend_on_the_batch(monkeypatch) -> None:
     alone = _run(MIXED[:1], 20, "cpu", True, monkeypatch)
     g = torch.Generator().manual_seed(0)

@@ -132,6 +132,11 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
         for t, b in s.bias:
             summed[(i, t)] = summed.get((i, t), 0.0) + b
     bias = bool(summed)
+    if all(s.final == "greedy" and not (s.plan[:1] == ("penalties",) and s.penalty_counts) for s in samplers):
+        # greedy rows, no penalty to apply: straight to argmax (no copy of the logits)
+        if not bias:
+            return raw.argmax(-1)
+        return _biased_argmax(raw, *_bias_tensors(summed, raw.dtype, dev))
     if bias:  # as the chain's input: the biases added to a copy of the logits
         # one (row, token) index per entry: a plain gather and scatter (accumulate=True would sort
         # on the device and cost the host a millisecond a step)
@@ -159,6 +164,17 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
             tokens = picked
         else:
             tokens[to_device(dist, torch.int64, dev)] = picked
+    return tokens
+
+
+def _biased_argmax(raw: Tensor, ri: Tensor, ti: Tensor, vals: Tensor) -> Tensor:
+    """``(raw + biases).argmax(-1)`` without copying the logits: the biased entries are written
+    in place, the argmax taken, and their values put back bit for bit (the logits are the
+    runner's; nothing else reads them in between). Same sums, same ties as the copy."""
+    old = raw[ri, ti]
+    raw[ri, ti] = old + vals
+    tokens = raw.argmax(-1)
+    raw[ri, ti] = old
     return tokens
 
 
