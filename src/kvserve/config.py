@@ -32,6 +32,7 @@ from kvserve.args import (
 )
 from kvserve.grammar.spec import GrammarSpec
 from kvserve.mcp.config import McpConfigError, McpServerConfig, load_mcp_servers
+from kvserve.args.ini import config_file_values, config_files
 from kvserve.model.config import RopeOverride
 from kvserve.model.files import DEFAULT_MODEL_FILE
 
@@ -462,12 +463,6 @@ def build_config(parsed: ParsedArgs, *, warn: Warn | None = None) -> Config:
     return Config(server, engine, sampling, tuple(parsed.warnings) + tuple(warnings))
 
 
-def _ini_presets(environ: Mapping[str, str]) -> list[str]:
-    xdg = environ.get("XDG_CONFIG_HOME") or os.path.join(environ.get("HOME", "~"), ".config")
-    paths = ["/etc/llama.cpp/config.ini", os.path.join(xdg, "llama.cpp", "config.ini")]
-    return [p for p in paths if os.path.isfile(p)]
-
-
 def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, *,
                 warn: Warn | None = None) -> Config:
     """Parse ``argv`` (without the program name) over ``environ`` into a ``Config``.
@@ -478,12 +473,10 @@ def load_config(argv: Sequence[str], environ: Mapping[str, str] | None = None, *
     environ = os.environ if environ is None else environ
     emit = warn or (lambda m: print(m, file=sys.stderr, flush=True))
     try:
-        parsed = parse_args(argv, environ, warn=emit)
+        parsed = parse_args(argv, environ, warn=emit, config=config_file_values(config_files(environ), emit))
     except ExitRequest as req:
         stream = sys.stdout if req.stream == "stdout" else sys.stderr
         stream.write(req.text if req.text.endswith("\n") else req.text + "\n")
         stream.flush()
         raise SystemExit(req.code) from None
-    for path in _ini_presets(environ):
-        emit(f"warn: kvserve does not read llama.cpp INI presets; ignoring {path}")
     return build_config(parsed, warn=emit)

@@ -224,11 +224,27 @@ def test_refused_flag_is_a_config_error() -> None:
         cfg("--nope")
 
 
-def test_ini_preset_warning(tmp_path: Path) -> None:
+def test_config_files(tmp_path: Path) -> None:
+    """llama.cpp's ~/.config/llama.cpp/config.ini (here under XDG_CONFIG_HOME), as llama-server
+    b10621 applies it: [*] and the keys before any section, under the environment and the
+    command line; unknown keys warn; a valueless flag is set whatever its value."""
     (tmp_path / "llama.cpp").mkdir()
-    (tmp_path / "llama.cpp" / "config.ini").write_text("[*]\nctx-size = 1\n")
-    _, warnings = cfg(env={"XDG_CONFIG_HOME": str(tmp_path)})
-    assert any("does not read llama.cpp INI presets" in w for w in warnings)
+    ini = tmp_path / "llama.cpp" / "config.ini"
+    ini.write_text("temp = 0.25\nnope = 1\nmetrics = 0\nno-jinja = true\n[*]\ntop-k = 7\nc = 512\n"
+                   "LLAMA_ARG_TOP_P = 0.5\n[llama-cli]\nmin-p = 0.2\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path)}
+    c, warnings = cfg(env=env)
+    assert warnings == [f"warn: ignoring option 'nope' from {ini}: not supported by this program"]
+    assert (c.sampling.temperature, c.sampling.top_k, c.sampling.top_p, c.sampling.min_p) == (0.25, 7, 0.5, 0.05)
+    assert c.engine.n_ctx == 512 and c.server.endpoint_metrics is True and c.server.jinja is False
+    c, _ = cfg("--top-k", "9", env={**env, "LLAMA_ARG_CTX_SIZE": "1024"})
+    assert (c.sampling.top_k, c.engine.n_ctx, c.sampling.temperature) == (9, 1024, 0.25)
+    ini.write_text("[a\n")
+    with pytest.raises(ConfigError, match=f"^error: failed to parse server config file: {ini}$"):
+        cfg(env=env)
+    ini.write_text("lora = x.gguf\n")
+    with pytest.raises(ConfigError, match=r"config.ini: lora is not supported by kvserve: LoRA"):
+        cfg(env=env)
 
 
 def test_reasoning_flags_reach_the_server_config() -> None:

@@ -99,14 +99,36 @@ def _default_warn(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _apply_config(state: _State, config: Sequence[tuple[str, FlagSpec, str]]) -> None:
+    """Config-file options (``common_preset::apply_to_params``): a valueless flag is set
+    whatever its value, a flag pair takes truthy words as true and anything else as false."""
+    for label, spec, raw in config:
+        try:
+            if spec.action is not None:
+                continue
+            if spec.type is ArgType.VOID:
+                state.set(spec, spec.const, label)
+            elif spec.type is ArgType.BOOL:
+                state.set(spec, raw in TRUTHY, label)
+            elif spec.nargs != 1:
+                raise ValueError("option with two values is not supported yet")
+            else:
+                state.set(spec, _convert(spec, raw, state.warn), label)
+        except ValueError as e:
+            raise ConfigError(f'error while handling "{label}": {e}') from None
+
+
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None, *,
-               warn: Warn | None = None) -> ParsedArgs:
+               warn: Warn | None = None, config: Sequence[tuple[str, FlagSpec, str]] = ()) -> ParsedArgs:
     """Parse ``argv`` (without the program name) over ``environ`` like llama-server does.
 
-    Raises ``ConfigError`` (exit 1) or ``ExitRequest`` (help/version, exit 0).
+    ``config``: values from llama.cpp's config files, ``(label, row, text)``, applied first
+    (the environment and the command line override them). Raises ``ConfigError`` (exit 1) or
+    ``ExitRequest`` (help/version, exit 0).
     """
     environ = os.environ if environ is None else environ
     state = _State(warn or _default_warn)
+    _apply_config(state, config)  # 0. config files
 
     for spec in FLAGS:  # 1. environment, table order
         got = _env_value(spec, environ)

@@ -152,8 +152,11 @@ defaults, parsed with llama.cpp's rules:
 - Integers and floats parse like C++ `std::stoi` / `std::stof` (a leading number; the rest is ignored).
 - An unknown flag prints `error: invalid argument: <arg>` and exits 1; a repeated flag logs a
   `DEPRECATED` warning and the last value wins.
-- INI presets (`/etc/llama.cpp/config.ini`, `~/.config/llama.cpp/config.ini`) are not read;
-  kvserve warns when one exists.
+- Config files, as llama-server reads them: `/etc/llama.cpp/config.ini`, then
+  `${{XDG_CONFIG_HOME:-~/.config}}/llama.cpp/config.ini` (INI, see "Model presets" below for the
+  grammar): the `[*]` section and the keys before any section apply first, under the environment
+  and the command line; other sections are ignored, unknown keys warn, a valueless flag is set
+  whatever its value (`metrics = 0` enables it, as in llama.cpp).
 
 Every flag llama-server accepts starts kvserve. Where kvserve lacks the feature a flag enables
 or tunes, the flag **warns**: it is accepted with one start-up line
