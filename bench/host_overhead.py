@@ -19,8 +19,10 @@ cached), on a tiny random-weight model with the 1B shape's vocabulary (49,152 to
     python bench/host_overhead.py serve --step-ms 2.7 -m M.gguf -np 64 --port 8099   # server alone
 
 Per tree it prints aggregate tok/s, engine steps and host ms per step (from ``/metrics``:
-scheduler Python time over steps), TTFT per burst round, and with ``--profile`` the top functions
-of the engine thread and of the HTTP thread (cProfile, own time) for the 64-stream run.
+scheduler Python time over steps), the CPU time of the engine thread, of the HTTP thread and of
+the whole server per generated token (thread CPU clocks, so time spent waiting for the
+interpreter lock counts in neither thread), TTFT per burst round, and with ``--profile`` the top
+functions of the engine thread and of the HTTP thread (cProfile, own time) for the 64-stream run.
 """
 
 from __future__ import annotations
@@ -125,9 +127,34 @@ def serve_main(argv: list[str]) -> None:
     _serve(engine, cfg, ours.profile)
 
 
+def _thread_cpu(engine: Any) -> None:
+    """``/metrics`` also carries the CPU seconds of the engine thread and of the HTTP thread
+    (this one) and of the whole process: CPU time, not wall time, so waiting for the
+    interpreter lock or the device counts in neither (``kvserve:bench_cpu_seconds_total``)."""
+    http = threading.get_ident()
+    snap = engine.metrics_snapshot
+
+    def clock(ident: int | None) -> float:
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident)) if ident else 0.0
+        except (OSError, ValueError):
+            return 0.0
+
+    def with_cpu() -> dict[str, float]:
+        m = snap()
+        t = getattr(engine, "_thread", None)
+        m['kvserve:bench_cpu_seconds_total{thread="engine"}'] = clock(t.ident if t is not None else None)
+        m['kvserve:bench_cpu_seconds_total{thread="http"}'] = clock(http)
+        m['kvserve:bench_cpu_seconds_total{thread="process"}'] = time.process_time()
+        return m
+
+    engine.metrics_snapshot = with_cpu
+
+
 def _serve(engine: Any, cfg: Any, profile: str | None) -> None:
     from kvserve.server.http_server import serve
 
+    _thread_cpu(engine)
     profs: list[Any] = []
     if profile:
         import cProfile
@@ -229,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"n_predict {args.burst_n_predict}, then the same again (cached)",
         "cpu": f"{os.cpu_count()} cores; client and server on the same machine",
     })
-    rows, rrows, profiles = [], [], []
+    rows, rrows, crows, profiles = [], [], [], []
     for rep in range(args.repeat):
         for name, src in trees:
             env_pp = os.environ.get("PYTHONPATH", "")
@@ -272,9 +299,17 @@ def main(argv: list[str] | None = None) -> int:
                     wait = _metric_delta(b, a, "kvserve:device_wait_seconds_total")
                     per = 1e3 * (sched - (wait or 0.0)) / steps if sched is not None and steps else None
                     wait_ms = 1e3 * wait / steps if wait is not None and steps else None
+                    n_tok = sum(r.n_gen for r in lv.ok)
+                    cpu = {t: _metric_delta(b, a, f'kvserve:bench_cpu_seconds_total{{thread="{t}"}}')
+                           for t in ("engine", "http", "process")}
+                    crows.append([rep + 1, name, w, n_tok, steps,
+                                  1e3 * cpu["engine"] / steps if cpu["engine"] is not None and steps else None,
+                                  1e6 * cpu["engine"] / n_tok if cpu["engine"] is not None and n_tok else None,
+                                  1e6 * cpu["http"] / n_tok if cpu["http"] is not None and n_tok else None,
+                                  1e6 * cpu["process"] / n_tok if cpu["process"] is not None and n_tok else None])
                     rows.append([rep + 1, name, w, len(lv.ok), len(lv.results) - len(lv.ok), lv.agg_tps,
                                  lv.stream_tps, steps, 1e3 * lv.wall_s / steps if steps else None, per,
-                                 wait_ms, lv.ttft_ms(50)])
+                                 wait_ms, lv.ttft_ms(50), lv.client_cpu_pct])
                     if w == "burst":
                         for rnd in range(2):
                             x = lv.of_round(rnd)
@@ -288,8 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ["PYTHONPATH"] = env_pp
     print("## Runs\n")
     print_table(["rep", "tree", "workload", "ok", "err", "agg tok/s", "stream tok/s p50", "engine steps",
-                 "wall ms / step", "engine host ms / step", "device wait ms / step", "TTFT p50 ms"], rows,
+                 "wall ms / step", "engine host ms / step", "device wait ms / step", "TTFT p50 ms",
+                 "client CPU %"], rows,
                 digits=2)
+    if crows:
+        print("## CPU time of the server's threads (thread CPU clocks: waits for the GIL or the device excluded)\n")
+        print_table(["rep", "tree", "workload", "tokens", "engine steps", "engine CPU ms / step",
+                     "engine CPU us / token", "HTTP thread CPU us / token", "process CPU us / token"], crows, digits=1)
     if rrows:
         print("## Bursts (round 1 fresh prefix, round 2 cached)\n")
         print_table(["rep", "tree", "round", "ok", "TTFT mean ms", "TTFT p50 ms", "TTFT p95 ms", "prompt_n mean",

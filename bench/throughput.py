@@ -5,7 +5,9 @@ Per (workload, concurrency): C client streams run at once, each sending ``--roun
 one after another. Reported: aggregate decode tok/s (all generated tokens over the wall time of
 the level), per-stream decode tok/s (median over requests of (n - 1) / (t_last - t_first)),
 TTFT p50/p95, mean prompt tokens evaluated and reused (``timings.prompt_n`` / ``cache_n``),
-and the engine's scheduler Python time share when the server's /metrics exposes it.
+the engine's scheduler Python time share when the server's /metrics exposes it, and the CPU
+time of this client process over the wall time (near 100% the client, one Python process on one
+core, is what sets the pace, not the server).
 
 Workloads (texts are generated from fixed seeds, so every server gets identical prompts):
     distinct   every request has its own prompt (no prefix in common with any other)
@@ -62,6 +64,13 @@ class Level:
     results: list[ReqResult] = field(default_factory=list)
     sched_share: float | None = None
     rounds: list[int] = field(default_factory=list)  # round of each result
+    client_cpu_s: float | None = None  # CPU time of this client process over the level
+
+    @property
+    def client_cpu_pct(self) -> float | None:
+        """The client's CPU time over the level's wall time: near 100 the client (one Python
+        process, one core) and not the server sets the pace."""
+        return 100 * self.client_cpu_s / self.wall_s if self.client_cpu_s is not None and self.wall_s > 0 else None
 
     def of_round(self, rnd: int) -> Level:
         res = [r for r, k in zip(self.results, self.rounds) if k == rnd]
@@ -138,7 +147,7 @@ async def run_level(url: str, server: str, workload: str, c: int, args: argparse
 
     limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits) as client:
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.process_time()
         if args.burst:  # round r: all c requests at once, after every request of round r - 1 ended
             done: list[tuple[int, ReqResult]] = []
             for rnd in range(args.rounds):
@@ -146,8 +155,8 @@ async def run_level(url: str, server: str, workload: str, c: int, args: argparse
                 done += [(rnd, r) for r in rs]
         else:
             done = [x for rs in await asyncio.gather(*(stream(i, client) for i in range(c))) for x in rs]
-        wall = time.monotonic() - t0
-    return Level(server, workload, c, wall, [r for _, r in done], None, [k for k, _ in done])
+        wall, cpu = time.monotonic() - t0, time.process_time() - c0
+    return Level(server, workload, c, wall, [r for _, r in done], None, [k for k, _ in done], cpu)
 
 
 async def warm_up(url: str, args: argparse.Namespace) -> None:
@@ -167,7 +176,8 @@ def bench_server(name: str, url: str, args: argparse.Namespace) -> list[Level]:
             lv = asyncio.run(run_level(url, name, workload, c, args))
             lv.sched_share = sched_share(before, scrape_metrics(url))
             errs = [r.error for r in lv.results if r.error]
-            print(f"{name} {workload} c={c}: {lv.agg_tps or 0:.1f} tok/s, {len(errs)} errors"
+            print(f"{name} {workload} c={c}: {lv.agg_tps or 0:.1f} tok/s, client CPU {lv.client_cpu_pct or 0:.0f}% "
+                  f"of the wall time, {len(errs)} errors"
                   + (f" (first: {errs[0]})" if errs else ""), file=sys.stderr, flush=True)
             levels.append(lv)
     return levels
@@ -253,11 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([lv.server, lv.workload, lv.concurrency, len(lv.ok), len(lv.results) - len(lv.ok),
                      lv.agg_tps, fmt(ratio(lv.agg_tps, b.agg_tps if b else None), 2), lv.stream_tps,
                      lv.ttft_ms(50), lv.ttft_ms(95), lv.mean("prompt_n"), lv.mean("cache_n"),
-                     None if lv.sched_share is None else 100 * lv.sched_share])
+                     None if lv.sched_share is None else 100 * lv.sched_share, lv.client_cpu_pct])
     print("## Per server\n")
     print_table(["server", "workload", "conc", "ok", "err", "agg tok/s", f"agg / c={args.concurrency[0]}",
                  "stream tok/s p50", "TTFT p50 ms", "TTFT p95 ms", "prompt_n mean", "cache_n mean",
-                 "sched % of step"], rows)
+                 "sched % of step", "client CPU %"], rows)
     if args.rounds > 1:
         rrows = []
         for lv in all_levels:

@@ -391,3 +391,39 @@ def test_4k_token_prompt_is_fast(request: pytest.FixtureRequest, model: str) -> 
         tok.encode(text, add_special=True, parse_special=True)
         best = min(best, time.perf_counter() - t0)
     assert best < 0.1, f"{best * 1000:.1f} ms"
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_long_texts_and_concurrent_encodes_match_short_ones(request: pytest.FixtureRequest, model: str) -> None:
+    """Texts from RELEASE_GIL_CHARS on go through the library's lock-free batch call; they give the
+    ids of encoding their pieces the ordinary way, also with special tokens in them and from
+    several threads at once with both parse_special settings."""
+    import threading
+
+    from kvserve.model.tokenizer import RELEASE_GIL_CHARS
+
+    tok = _tok(request, model)
+    special = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+    piece = "Hello wörld, 12 tokens!\n" + special + "  tabs\tand more text "
+    long_text = piece * (RELEASE_GIL_CHARS // len(piece) + 2)
+    assert len(long_text) >= RELEASE_GIL_CHARS
+    for parse_special in (True, False):
+        hf = tok._hf if parse_special else tok._literal()
+        want = hf.encode(long_text, add_special_tokens=False).ids
+        assert tok.encode(long_text, False, parse_special) == want
+        assert tok.encode(long_text[:100], False, parse_special) == hf.encode(long_text[:100], add_special_tokens=False).ids
+    assert (tok.eos_id in tok.encode(long_text, False, True)) != (tok.eos_id in tok.encode(long_text, False, False))
+    expect = {ps: tok.encode(long_text, True, ps) for ps in (True, False)}
+    bad: list[str] = []
+
+    def work(ps: bool) -> None:
+        for _ in range(20):
+            if tok.encode(long_text, True, ps) != expect[ps]:
+                bad.append(f"parse_special={ps}")
+
+    threads = [threading.Thread(target=work, args=(i % 2 == 0,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad

@@ -122,6 +122,9 @@ def build_hf_tokenizer(vocab: VocabInfo) -> HFTokenizer:
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
+# Texts at least this long are encoded with the interpreter lock released (about 60 us of work
+# here; below it the hand-off would cost more than it frees).
+RELEASE_GIL_CHARS = 512
 
 # --------------------------------------------------------------------------------------------------
 # tokenizer
@@ -133,8 +136,13 @@ class Tokenizer:
 
     def __init__(self, vocab: VocabInfo, hf: HFTokenizer) -> None:
         self.vocab = vocab
-        self._hf = hf
-        self._lock = threading.Lock()  # guards hf.encode_special_tokens (parse_special) during an encode
+        # One library object per parse_special setting, each fixed at construction: a flag
+        # switched per call would serialize concurrent encodes (and cannot change while another
+        # thread is inside the library with the interpreter lock released).
+        hf.encode_special_tokens = False
+        self._hf = hf  # special tokens written in the text become their ids (parse_special)
+        self._hf_literal: HFTokenizer | None = None  # the same, encoding them as text (built on first use)
+        self._lock = threading.Lock()  # builds _hf_literal once
         self._spm = vocab.model == "llama"
         self._pieces: list[bytes] = [vocab.piece_bytes(i) for i in range(len(vocab.tokens))]
         self._hidden = frozenset(i for i, a in enumerate(vocab.attrs) if a & _HIDDEN_ATTRS)
@@ -262,12 +270,29 @@ class Tokenizer:
         if add_special and self.vocab.add_bos:
             out.append(self.bos_id)  # type: ignore[arg-type]
         if text:
-            with self._lock:
-                self._hf.encode_special_tokens = not parse_special
-                out += self._hf.encode(text, add_special_tokens=False).ids
+            hf = self._hf if parse_special else self._literal()
+            if len(text) >= RELEASE_GIL_CHARS:
+                # encode_batch runs without the interpreter lock (encode holds it): a long prompt
+                # is tokenized while the engine thread and the event loop go on, and prompts
+                # tokenized in several threads at once run in parallel
+                out += hf.encode_batch([text], add_special_tokens=False)[0].ids
+            else:
+                out += hf.encode(text, add_special_tokens=False).ids
         if add_special and self.vocab.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
         return out
+
+    def _literal(self) -> HFTokenizer:
+        """The library object with special tokens left as text (parse_special false)."""
+        hf = self._hf_literal
+        if hf is None:
+            with self._lock:
+                if self._hf_literal is None:
+                    lit = HFTokenizer.from_str(self._hf.to_str())
+                    lit.encode_special_tokens = True
+                    self._hf_literal = lit
+                hf = self._hf_literal
+        return hf
 
     def encode_mixed(self, parts: Sequence[str | int], add_special: bool, parse_special: bool) -> list[int]:
         """llama-server's mixed prompt (``tokenize_mixed``): strings are tokenized, ints are kept.

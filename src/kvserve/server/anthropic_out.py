@@ -97,6 +97,11 @@ class AnthropicFormat:
     encode = staticmethod(event_frame)
 
     @staticmethod
+    def fast_token(ev: Any) -> None:
+        """No template: every event is rendered (see ``sse.NativeFormat.fast_token``)."""
+        return None
+
+    @staticmethod
     def error_frame(body: dict[str, Any]) -> str:
         return f"event: error\ndata: {dumps(body.get('error', body))}\n\n"
 

@@ -10,6 +10,7 @@ Stream: the first event decides the status (an error is a plain JSON error), the
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Sequence as SequenceABC
 from typing import Any
@@ -40,6 +41,10 @@ from kvserve.server.prompts import (
 )
 from kvserve.server.responses_api import responses_to_chat
 from kvserve.server.settings import ServerSettings
+
+
+# Request bodies at least this large are validated and tokenized in a worker thread.
+PREPARE_IN_THREAD_BYTES = 2048
 
 
 class Kind(enum.Enum):
@@ -173,7 +178,13 @@ class LazyDecoded(SequenceABC[str]):
 async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response:
     engine: EngineAPI = request.app.state.engine
     s: ServerSettings = request.app.state.settings
-    prompts, params = prepare(kind, body, engine, s)
+    if len(await request.body()) >= PREPARE_IN_THREAD_BYTES:
+        # a long prompt: tokenized in a worker thread (the tokenizer releases the interpreter
+        # lock for long texts), so the requests of a burst are tokenized in parallel while the
+        # event loop goes on streaming
+        prompts, params = await asyncio.to_thread(prepare, kind, body, engine, s)
+    else:
+        prompts, params = prepare(kind, body, engine, s)
     params.req.grammar = await compile_grammar(engine, params.grammar)
 
     needs_prompt_text = kind in (Kind.NATIVE, Kind.INFILL) or params.verbose

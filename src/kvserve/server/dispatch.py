@@ -73,13 +73,18 @@ class Mailbox:
 class EventQueue:
     """The events of one HTTP request on its event loop: what ``Mailbox`` delivers to
     (``put_nowait``), taken with ``get_nowait``; ``wait`` sleeps until one is there. One future
-    per wait and one timer handle, where ``asyncio.wait_for(queue.get(), t)`` costs a getter
-    future, a timeout context and its rescheduling for every token of a stream."""
+    per wait, where ``asyncio.wait_for(queue.get(), t)`` costs a getter future, a timeout context
+    and its rescheduling for every token of a stream. The timer is kept across waits: a wait
+    whose deadline is not before the armed one's reuses it, so a stream that gets a token every
+    few milliseconds arms about one timer per timeout, not one per token; such a wait may then
+    end before its own timeout (False, nothing there), which every caller treats as a wake-up
+    to look around (pings, timeouts, disconnects) and wait again."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._items: deque[EngineEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     def put_nowait(self, ev: EngineEvent) -> None:  # on the loop
         self._items.append(ev)
@@ -99,21 +104,33 @@ class EventQueue:
         """Until an event is here (True) or ``timeout`` seconds passed (False)."""
         if self._items:
             return True
-        fut = self._loop.create_future()
+        loop = self._loop
+        fut = loop.create_future()
         self._waiter = fut
-        timer = None if timeout is None else self._loop.call_later(timeout, _expire, fut)
+        if timeout is not None:
+            deadline = loop.time() + timeout
+            t = self._timer
+            if t is None or t.when() > deadline:
+                if t is not None:
+                    t.cancel()
+                self._timer = loop.call_at(deadline, self._expire)
         try:
             await fut
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
         return bool(self._items)
 
+    def _expire(self) -> None:
+        self._timer = None
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
-def _expire(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
+    def close(self) -> None:
+        """Disarm the timer (the request is over)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class Disconnectable(Protocol):
@@ -171,6 +188,7 @@ class Dispatch:
                 log.exception("cancel(%d) failed", rid)
         self.pending.clear()
         self.cancelled = True
+        self.queue.close()
 
     @property
     def done(self) -> bool:

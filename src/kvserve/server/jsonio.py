@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -31,6 +31,10 @@ def _finite(obj: Any) -> Any:
         return [_finite(v) for v in obj]
     return obj
 
+
+# A str as a JSON string the way ``dumps`` writes one (quotes, backslash and control characters
+# escaped, other characters as they are): the C function the encoder itself uses.
+encode_basestring: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 # one encoder for every call (json.dumps builds a new one per call unless all options are defaults)
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)

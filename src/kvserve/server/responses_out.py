@@ -99,6 +99,11 @@ class ResponsesFormat:
         return f"event: {obj['type']}\ndata: {dumps(obj)}\n\n"
 
     @staticmethod
+    def fast_token(ev: Any) -> None:
+        """No template: every event is rendered (see ``sse.NativeFormat.fast_token``)."""
+        return None
+
+    @staticmethod
     def error_frame(body: dict[str, Any]) -> str:
         return "data: " + dumps(body) + "\n\n"
 

@@ -23,7 +23,7 @@ from kvserve.server import responses as R
 from kvserve.server.chat_parsing import ChatStream
 from kvserve.server.errors import ApiError
 from kvserve.server.dispatch import ClientGone, Disconnectable, Dispatch, error_event_body
-from kvserve.server.jsonio import dumps
+from kvserve.server.jsonio import dumps, encode_basestring
 
 SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no"}
 PING = ":\n\n"
@@ -32,6 +32,17 @@ DONE = "data: [DONE]\n\n"
 
 def frame(obj: Any) -> str:
     return "data: " + dumps(obj) + "\n\n"
+
+
+def _ints(xs: list[int]) -> str:
+    """A JSON array of ints, as ``dumps`` writes it."""
+    return "[" + ",".join(map(str, xs)) + "]"
+
+
+def _plain(ev: TokenEvent, req: Any) -> bool:
+    """A token event whose chunk is text and counters only (no timings, no probabilities):
+    what ``fast_token`` writes from a template."""
+    return not ev.timings and not (req.n_probs > 0 and ev.probs)
 
 
 def _progress(ev: ProgressEvent) -> dict[str, Any]:
@@ -56,6 +67,15 @@ class NativeFormat:
 
     def __init__(self, ctx: R.ResponseContext):
         self.ctx = ctx
+
+    def fast_token(self, ev: TokenEvent) -> str | None:
+        """The SSE text of ``ev`` written from a template, byte for byte what
+        ``encode(token(ev)[0])`` gives, where the chunk is plain (else None: the caller renders
+        it). Every streamed token goes through here, so it builds no dict and runs no encoder."""
+        if not _plain(ev, self.ctx.params.req):
+            return None
+        return (f'data: {{"index":{ev.index},"content":{encode_basestring(ev.text)},"tokens":{_ints(ev.tokens)},'
+                f'"stop":false,"id_slot":-1,"tokens_predicted":{ev.n_decoded},"tokens_evaluated":{ev.n_prompt}}}\n\n')
 
     def _partial(self, index: int, text: str, tokens: list[int], n_decoded: int, n_prompt: int) -> dict[str, Any]:
         return {"index": index, "content": text, "tokens": tokens, "stop": False, "id_slot": -1,
@@ -83,6 +103,20 @@ class NativeFormat:
 
 class OAICompletionFormat(NativeFormat):
     done_marker = DONE
+
+    def __init__(self, ctx: R.ResponseContext):
+        super().__init__(ctx)
+        self._tail: str | None = None
+
+    def fast_token(self, ev: TokenEvent) -> str | None:
+        if not _plain(ev, self.ctx.params.req):
+            return None
+        if self._tail is None:  # what follows the choice: the same for every chunk of the stream
+            c = self.ctx
+            self._tail = (f'],"created":{dumps(c.created)},"model":{dumps(c.model)},"system_fingerprint":'
+                          f'{dumps(c.build_info)},"object":"text_completion","id":{dumps(c.id)}}}\n\n')
+        return (f'data: {{"choices":[{{"text":{encode_basestring(ev.text)},"index":{ev.index},"logprobs":null,'
+                f'"finish_reason":null}}' + self._tail)
 
     def _chunk(self, choice: dict[str, Any], **extra: Any) -> dict[str, Any]:
         c = self.ctx
@@ -121,6 +155,18 @@ class OAIChatFormat(NativeFormat):
         self.syntax = ctx.params.chat_syntax
         self.parsing = self.syntax is not None and not self.syntax.is_plain
         self.streams: dict[int, ChatStream] = {}
+        self._tail: str | None = None
+
+    def fast_token(self, ev: TokenEvent) -> str | None:
+        """Plain content deltas (no reasoning or tool-call parsing) after the role chunk."""
+        if self.parsing or not ev.text or ev.index not in self.started or not _plain(ev, self.ctx.params.req):
+            return None
+        if self._tail is None:
+            c = self.ctx
+            self._tail = (f'],"created":{dumps(c.created)},"id":{dumps(c.id)},"model":{dumps(c.model)},'
+                          f'"system_fingerprint":{dumps(c.build_info)},"object":"chat.completion.chunk"}}\n\n')
+        return (f'data: {{"choices":[{{"finish_reason":null,"index":{ev.index},"delta":{{"content":'
+                f'{encode_basestring(ev.text)}}}}}' + self._tail)
 
     def _stream(self, index: int) -> ChatStream:
         if index not in self.streams:
@@ -192,6 +238,7 @@ class Format(Protocol):
 
     def encode(self, chunk: Any) -> str: ...
     def error_frame(self, body: dict[str, Any]) -> str: ...
+    def fast_token(self, ev: TokenEvent) -> str | None: ...
     def token(self, ev: TokenEvent) -> list[Any]: ...
     def progress(self, ev: ProgressEvent) -> list[Any]: ...
     def final(self, ev: FinalEvent) -> list[Any]: ...
@@ -208,35 +255,43 @@ def render(fmt: Format, ev: EngineEvent) -> list[Any]:
 
 
 async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Disconnectable,
-                       ping_s: int) -> AsyncIterator[str]:
-    """Yield SSE text for ``first`` and every later event, pings in silent stretches."""
+                       ping_s: int) -> AsyncIterator[bytes]:
+    """Yield SSE bytes for ``first`` and every later event, pings in silent stretches. One
+    write per event: a client shows each token as it comes."""
     last = time.monotonic()
     ev: EngineEvent | None = first
     try:
         while True:
             if ev is not None:
-                if isinstance(ev, ErrorEvent):
-                    d.cancel()
-                    yield fmt.error_frame(error_event_body(ev))
-                    return
-                chunks = render(fmt, ev)
-                if chunks:  # one write per event: a client shows each token as it comes
-                    yield "".join(fmt.encode(c) for c in chunks)
+                if type(ev) is TokenEvent and (text := fmt.fast_token(ev)) is not None:
+                    yield text.encode()
                     last = time.monotonic()
+                elif isinstance(ev, ErrorEvent):
+                    d.cancel()
+                    yield fmt.error_frame(error_event_body(ev)).encode()
+                    return
+                else:
+                    chunks = render(fmt, ev)
+                    if chunks:
+                        yield "".join(fmt.encode(c) for c in chunks).encode()
+                        last = time.monotonic()
             if d.done:
                 break
+            ev = d.next_nowait()  # the next event is often here already
+            if ev is not None:
+                continue
             wait = 1.0 if ping_s <= 0 else max(0.01, min(1.0, ping_s - (time.monotonic() - last)))
             try:
                 d.check_timeout()
             except ApiError as e:
-                yield fmt.error_frame(e.body())
+                yield fmt.error_frame(e.body()).encode()
                 return
             ev = await d.next(wait)
             if ev is None and ping_s > 0 and time.monotonic() - last >= ping_s:
-                yield PING
+                yield PING.encode()
                 last = time.monotonic()
         if fmt.done_marker:
-            yield fmt.done_marker
+            yield fmt.done_marker.encode()
     except ClientGone:
         return
     finally:
@@ -247,7 +302,7 @@ class EngineStreamingResponse(StreamingResponse):
     """A StreamingResponse that runs ``on_close`` however the response ends (done, client
     disconnect detected by Starlette, send failure, server shutdown)."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]):
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]):
         super().__init__(content, status_code=200, headers=SSE_HEADERS, media_type=None)
         self._on_close = on_close
 

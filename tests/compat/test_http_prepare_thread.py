@@ -1,0 +1,56 @@
+"""Long request bodies are validated and tokenized in a worker thread (the event loop goes on
+streaming meanwhile); the results and the errors are those of the inline path."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kvserve.server.completions import PREPARE_IN_THREAD_BYTES
+from tests.compat.test_http_fake_engine import FakeEngine, client, sse_events
+
+
+def recording_engine() -> tuple[FakeEngine, list[str]]:
+    eng = FakeEngine(n_ctx_slot=1 << 20)
+    where: list[str] = []
+    encode = eng.tokenizer.encode
+
+    def spy(text: str, add_special: bool, parse_special: bool) -> list[int]:
+        where.append(threading.current_thread().name)
+        return encode(text, add_special, parse_special)
+
+    eng.tokenizer.encode = spy  # type: ignore[method-assign]
+    return eng, where
+
+
+def test_long_prompt_is_tokenized_off_the_loop_with_the_same_result() -> None:
+    eng, where = recording_engine()
+    c, _ = client(eng)
+    long_prompt = "word " * (PREPARE_IN_THREAD_BYTES // 4)
+    short = c.post("/completion", json={"prompt": "word " * 10, "n_predict": 2})
+    long = c.post("/completion", json={"prompt": long_prompt, "n_predict": 2, "stream": True})
+    assert short.status_code == 200 and long.status_code == 200
+    loop_thread, worker = where
+    assert worker != loop_thread
+    assert eng.submitted[1].prompt_tokens == eng.tokenizer.encode(long_prompt, True, True)
+    ev = sse_events(long.text)
+    assert ev[-1]["stop"] is True and ev[-1]["tokens_evaluated"] == len(eng.submitted[1].prompt_tokens)
+
+
+def test_long_body_errors_are_the_inline_ones() -> None:
+    c, _ = client(FakeEngine(n_ctx_slot=1 << 20))
+    pad = "x" * PREPARE_IN_THREAD_BYTES
+    cases: list[dict[str, Any]] = [
+        {"prompt": "hi", "n_probs": "many"},
+        {"prompt": [1, 2, 10 ** 9]},
+        {"n_predict": 2},
+    ]
+    for body in cases:
+        small = c.post("/completion", json=body)
+        big = c.post("/completion", json={**body, "padding": pad})
+        assert small.status_code == big.status_code == 400, (small.text, big.text)
+        assert small.json() == big.json()
+    chat_small = c.post("/v1/chat/completions", json={"messages": [{"role": "nobody", "content": "hi"}]})
+    chat_big = c.post("/v1/chat/completions", json={"messages": [{"role": "nobody", "content": pad}]})
+    assert chat_small.status_code == chat_big.status_code == 400
+    assert chat_small.json()["error"]["type"] == chat_big.json()["error"]["type"]
