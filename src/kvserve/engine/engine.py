@@ -190,7 +190,7 @@ class Engine:
         return self._snap
 
     def slots_snapshot(self) -> tuple[SlotView, ...]:
-        return self._snap.slots
+        return tuple(self._snap.slots)
 
     def metrics_snapshot(self) -> dict[str, float]:
         """The latest counters; the throughput gauges cover the time since the previous call

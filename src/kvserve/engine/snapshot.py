@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from types import MappingProxyType
+from collections.abc import Iterator, Sequence
 from typing import Any, Mapping
 
 from .sampling_params import SamplingParams
@@ -45,23 +46,52 @@ class SlotView:
     next_token: NextToken
 
 
-def slot_views(slots: Any, running: Any) -> tuple[SlotView, ...]:
+class SlotViews(Sequence[SlotView]):
+    """The slots of a snapshot: their values are copied when the snapshot is built (plain
+    tuples, every step), the ``SlotView`` objects made when a reader first looks (rarely:
+    ``/slots``, ``/props``, the sleeper), so a decode step of many slots builds no objects."""
+
+    __slots__ = ("_rows", "_views")
+
+    def __init__(self, rows: tuple[tuple[Any, ...], ...]) -> None:
+        self._rows = rows
+        self._views: tuple[SlotView, ...] | None = None
+
+    def _all(self) -> tuple[SlotView, ...]:
+        views = self._views
+        if views is None:
+            views = self._views = tuple(SlotView(*r) for r in self._rows)
+        return views
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __iter__(self) -> Iterator[SlotView]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+def slot_views(slots: Any, running: Any) -> SlotViews:
     """``slots``: the scheduler's ``Slot`` list; ``running``: request id -> ``Sequence``."""
-    out = []
+    rows = []
     for s in slots:
         seq = running.get(s.seq_id) if s.seq_id is not None else None
-        out.append(SlotView(
-            id=s.id,
-            n_ctx=s.n_ctx,
-            is_processing=s.busy,
-            id_task=s.id_task,
-            n_prompt_tokens=seq.n_computed if seq is not None else len(s.prompt_tokens),
-            n_prompt_tokens_processed=seq.n_evaluated_prompt if seq is not None else s.n_prompt_processed,
-            n_prompt_tokens_cache=s.n_prompt_cache,
-            sampling=s.sampling,
-            next_token=s.next_token,
-        ))
-    return tuple(out)
+        if seq is not None:
+            n_tokens, n_processed = seq.n_computed, seq.n_evaluated_prompt
+        else:
+            n_tokens, n_processed = len(s.prompt_tokens), s.n_prompt_processed
+        # SlotView's field order
+        rows.append((s.id, s.n_ctx, s.seq_id is not None, s.id_task, n_tokens, n_processed, s.n_prompt_cache,
+                     s.sampling, s.next_token))
+    return SlotViews(tuple(rows))
 
 
 @dataclass(frozen=True)
@@ -75,7 +105,7 @@ class EngineSnapshot:
     ``cache``: the prompt cache's budget and state, for /props.
     """
 
-    slots: tuple[SlotView, ...]
+    slots: Sequence[SlotView]
     metrics: Mapping[str, float]
     rates: tuple[int, float, int, float]
     cache: Mapping[str, Any]
