@@ -213,5 +213,4 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     if isinstance(first, ErrorEvent):
         d.cancel()
         return error_response(error_of(first))
-    stream = sse.event_stream(d, _stream_format(kind, ctx), first, request, params.sse_ping_interval)
-    return sse.EngineStreamingResponse(stream, on_close=d.cancel)
+    return sse.EngineStreamingResponse(d, _stream_format(kind, ctx), first, params.sse_ping_interval, on_close=d.cancel)

@@ -12,7 +12,7 @@ as first event is a plain JSON error response).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
@@ -22,7 +22,7 @@ from kvserve.engine.request import EngineEvent, ErrorEvent, FinalEvent, Progress
 from kvserve.server import responses as R
 from kvserve.server.chat_parsing import ChatStream
 from kvserve.server.errors import ApiError
-from kvserve.server.dispatch import ClientGone, Disconnectable, Dispatch, error_event_body
+from kvserve.server.dispatch import ClientGone, Dispatch, error_event_body
 from kvserve.server.jsonio import dumps, encode_basestring
 
 SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no"}
@@ -254,26 +254,26 @@ def render(fmt: Format, ev: EngineEvent) -> list[Any]:
     raise TypeError(type(ev))
 
 
-async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Disconnectable,
-                       ping_s: int) -> AsyncIterator[bytes]:
-    """Yield SSE bytes for ``first`` and every later event, pings in silent stretches. One
-    write per event: a client shows each token as it comes."""
+async def stream_events(d: Dispatch, fmt: Format, first: EngineEvent, ping_s: int,
+                        write: Callable[[bytes], Awaitable[None]]) -> None:
+    """Write the SSE bytes of ``first`` and of every later event, pings in silent stretches.
+    One write per event: a client shows each token as it comes."""
     last = time.monotonic()
     ev: EngineEvent | None = first
     try:
         while True:
             if ev is not None:
                 if type(ev) is TokenEvent and (text := fmt.fast_token(ev)) is not None:
-                    yield text.encode()
+                    await write(text.encode())
                     last = time.monotonic()
                 elif isinstance(ev, ErrorEvent):
                     d.cancel()
-                    yield fmt.error_frame(error_event_body(ev)).encode()
+                    await write(fmt.error_frame(error_event_body(ev)).encode())
                     return
                 else:
                     chunks = render(fmt, ev)
                     if chunks:
-                        yield "".join(fmt.encode(c) for c in chunks).encode()
+                        await write("".join(fmt.encode(c) for c in chunks).encode())
                         last = time.monotonic()
             if d.done:
                 break
@@ -284,14 +284,14 @@ async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Dis
             try:
                 d.check_timeout()
             except ApiError as e:
-                yield fmt.error_frame(e.body()).encode()
+                await write(fmt.error_frame(e.body()).encode())
                 return
             ev = await d.next(wait)
             if ev is None and ping_s > 0 and time.monotonic() - last >= ping_s:
-                yield PING.encode()
+                await write(PING.encode())
                 last = time.monotonic()
         if fmt.done_marker:
-            yield fmt.done_marker.encode()
+            await write(fmt.done_marker.encode())
     except ClientGone:
         return
     finally:
@@ -299,12 +299,27 @@ async def event_stream(d: Dispatch, fmt: Format, first: EngineEvent, client: Dis
 
 
 class EngineStreamingResponse(StreamingResponse):
-    """A StreamingResponse that runs ``on_close`` however the response ends (done, client
-    disconnect detected by Starlette, send failure, server shutdown)."""
+    """The SSE response of a request's engine events (``stream_events`` writes each one
+    straight to ``send``, no generator in between); ``on_close`` runs however the response ends
+    (done, client disconnect detected by Starlette, send failure, server shutdown)."""
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]):
-        super().__init__(content, status_code=200, headers=SSE_HEADERS, media_type=None)
+    def __init__(self, d: Dispatch, fmt: Format, first: EngineEvent, ping_s: int, on_close: Callable[[], None]):
+        # what StreamingResponse.__init__ sets, without a body iterator: stream_response writes
+        self.status_code = 200
+        self.media_type = None
+        self.background = None
+        self.init_headers(SSE_HEADERS)
+        self._events = (d, fmt, first, ping_s)
         self._on_close = on_close
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+
+        async def write(body: bytes) -> None:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+        await stream_events(*self._events, write)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
