@@ -21,7 +21,9 @@
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
 # PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
-# once per setting (same run).
+# once per setting (same run). SERVER_CPU=1 then runs the 64 streams once more per tree
+# (baseline first) under bench/host_overhead.py --real-runner: the same server with the CPU time
+# of its engine and HTTP threads per token.
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
@@ -119,6 +121,13 @@ if want server; then
   phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
       --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150
+  if [ -n "${SERVER_CPU:-}" ]; then
+    phase "server threads' CPU time per token: 64 streams, 256 tokens each (1B, host_overhead.py --real-runner)"
+    TREES=(--tree now=src)  # each tree's src goes first on the inherited PYTHONPATH
+    [ -n "${BASELINE_SRC:-}" ] && TREES=(--tree "baseline=$BASELINE_SRC" "${TREES[@]}")
+    timeout 300 $PY bench/host_overhead.py --model "$(synth "$S1B")" --real-runner "${TREES[@]}" \
+        --workloads streams --n-predict 256
+  fi
 fi
 if want engine; then
   phase "engine: 8B (waiting for its file)"

@@ -36,10 +36,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import httpx  # noqa: E402
+import sse_client  # noqa: E402
 from common import (  # noqa: E402
     ReqResult,
     ServerProcess,
@@ -142,27 +144,35 @@ async def run_level(url: str, server: str, workload: str, c: int, args: argparse
         return {"prompt": prompt_for(workload, c, i, rnd, args), "n_predict": args.n_predict,
                 "temperature": 0, "ignore_eos": True}
 
-    async def stream(i: int, client: httpx.AsyncClient) -> list[tuple[int, ReqResult]]:
-        return [(rnd, await stream_completion(client, url, body(i, rnd))) for rnd in range(args.rounds)]
-
     limits = httpx.Limits(max_connections=c + 4, max_keepalive_connections=c + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout), limits=limits) as client:
+        def one(i: int, rnd: int) -> Any:
+            if args.client == "raw":
+                return sse_client.stream_completion(url, body(i, rnd), args.timeout)
+            return stream_completion(client, url, body(i, rnd))
+
+        async def stream(i: int) -> list[tuple[int, ReqResult]]:
+            return [(rnd, await one(i, rnd)) for rnd in range(args.rounds)]
+
         t0, c0 = time.monotonic(), time.process_time()
         if args.burst:  # round r: all c requests at once, after every request of round r - 1 ended
             done: list[tuple[int, ReqResult]] = []
             for rnd in range(args.rounds):
-                rs = await asyncio.gather(*(stream_completion(client, url, body(i, rnd)) for i in range(c)))
+                rs = await asyncio.gather(*(one(i, rnd) for i in range(c)))
                 done += [(rnd, r) for r in rs]
         else:
-            done = [x for rs in await asyncio.gather(*(stream(i, client) for i in range(c))) for x in rs]
+            done = [x for rs in await asyncio.gather(*(stream(i) for i in range(c))) for x in rs]
         wall, cpu = time.monotonic() - t0, time.process_time() - c0
     return Level(server, workload, c, wall, [r for _, r in done], None, [k for k, _ in done], cpu)
 
 
 async def warm_up(url: str, args: argparse.Namespace) -> None:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
-        r = await stream_completion(client, url, {"prompt": "Warm-up: the quick brown fox", "n_predict": 4,
-                                                  "temperature": 0, "ignore_eos": True})
+    body = {"prompt": "Warm-up: the quick brown fox", "n_predict": 4, "temperature": 0, "ignore_eos": True}
+    if args.client == "raw":
+        r = await sse_client.stream_completion(url, body, args.timeout)
+    else:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
+            r = await stream_completion(client, url, body)
     if r.error:
         raise RuntimeError(f"warm-up request failed: {r.error}")
 
@@ -222,6 +232,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="each round is one burst of all streams at once, started when the previous round has "
                         "ended, with the same prompts every round (round 1 of 'shared' is the fresh prefix, "
                         "later rounds find it cached)")
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw",
+                   help="raw: bench/sse_client.py (a plain asyncio connection per request, parsed as bytes "
+                        "arrive); httpx: an httpx.AsyncClient (about 4x the client CPU per token)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     p.add_argument("--start-timeout", type=float, default=600.0)
     args = p.parse_args(argv)
@@ -250,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             "prompt lengths": f"distinct ~{args.prompt_words} words; shared {args.prefix_words}-word prefix "
                               f"(fresh per concurrency level) + ~12-word question; ~1.1 tokens/word on SmolLM2",
             "servers run": "one at a time, each started fresh (unless --url), one warm-up request first",
+            "client": {"raw": "bench/sse_client.py: one asyncio connection per request, SSE parsed as bytes arrive",
+                       "httpx": "httpx.AsyncClient"}[args.client] + "; one process",
         },
     )
     all_levels: list[Level] = []
