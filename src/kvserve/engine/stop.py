@@ -91,6 +91,9 @@ class TextStreamer:
         if self.stop is not None:
             return "", self.stop
         self.text += piece
+        if not self.matcher.stops and self.n_indent <= 0:  # nothing can hold text back
+            self.n_sent = len(self.text)
+            return piece, None
         hit = self.matcher.find(self.text, len(piece), self.n_sent)
         if self.n_indent > 0:
             ind = self._indent_hit()

@@ -143,6 +143,7 @@ class Tokenizer:
         self._hf = hf  # special tokens written in the text become their ids (parse_special)
         self._hf_literal: HFTokenizer | None = None  # the same, encoding them as text (built on first use)
         self._lock = threading.Lock()  # builds _hf_literal once
+        self._complete_text: dict[bool, dict[int, str]] = {False: {}, True: {}}  # see StreamDecoder
         self._spm = vocab.model == "llama"
         self._pieces: list[bytes] = [vocab.piece_bytes(i) for i in range(len(vocab.tokens))]
         self._hidden = frozenset(i for i, a in enumerate(vocab.attrs) if a & _HIDDEN_ATTRS)
@@ -387,12 +388,22 @@ class StreamDecoder:
         self._tok = tokenizer
         self._special = special
         self._pending = b""
+        # the text of each token whose piece is complete UTF-8 on its own, shared by the
+        # tokenizer's decoders: with nothing pending, such a token's text is always that
+        self._complete = tokenizer._complete_text[special]
 
     def feed(self, tid: int) -> str:
+        if not self._pending:
+            text = self._complete.get(tid)
+            if text is not None:
+                return text
         data = self._pending + self._tok.token_bytes(tid, special=self._special)
         cut = utf8_complete_prefix(data)
+        out = data[:cut].decode("utf-8", errors="replace")
+        if not self._pending and cut == len(data):
+            self._complete[tid] = out
         self._pending = data[cut:]
-        return data[:cut].decode("utf-8", errors="replace")
+        return out
 
     def feed_many(self, ids: Iterable[int]) -> str:
         return "".join(self.feed(t) for t in ids)

@@ -36,7 +36,7 @@ def frame(obj: Any) -> str:
 
 def _ints(xs: list[int]) -> str:
     """A JSON array of ints, as ``dumps`` writes it."""
-    return "[" + ",".join(map(str, xs)) + "]"
+    return f"[{xs[0]}]" if len(xs) == 1 else "[" + ",".join(map(str, xs)) + "]"
 
 
 def _plain(ev: TokenEvent, req: Any) -> bool:
