@@ -3,11 +3,14 @@ own flags; each child is started with its section's flags (seen in its /props th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -65,8 +68,24 @@ def test_router_with_presets(tmp_path: Path) -> None:
         assert "set `model = PATH`" in srv.log()
 
         # ?reload=1 re-reads the file: a removed section goes, a changed running one is stopped
+        events: list[dict[str, Any]] = []
+
+        def listen() -> None:
+            with httpx.stream("GET", srv.url + "/models/sse", timeout=60) as s:
+                for line in s.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+                        if events[-1]["event"] == "models_reload":
+                            return
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        time.sleep(0.5)
         ini.write_text(f"[*]\nc = 1024\n[small]\nmodel = {m}\nc = 768\nalias = tiny\n")
         models = httpx.get(srv.url + "/models", params={"reload": "1"}, timeout=60).json()["data"]
+        listener.join(30)
+        assert {"event": "models_reload", "model": "*"} in events
+        assert {"event": "status_change", "model": "small", "data": {"status": "unloaded", "exit_code": 0}} in events
         by_id = {x["id"]: x for x in models}
         assert "large" not in by_id and "nofile" not in by_id
         assert by_id["small"]["status"]["value"] == "unloaded"

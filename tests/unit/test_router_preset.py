@@ -128,3 +128,12 @@ def test_env_var_and_flag_reach_the_config(tmp_path: Path) -> None:
     env = {"HOME": "/nonexistent", "LLAMA_ARG_MODELS_PRESET": "/p.ini"}
     assert load_config([], env).server.models_preset == "/p.ini"
     assert load_config(["--models-preset", "/q.ini"], env).server.models_preset == "/q.ini"
+
+
+def test_stop_timeout(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _write(tmp_path, f"[a]\nmodel = {M}\nstop-timeout = 3s\n[b]\nmodel = {M}\nstop-timeout = soon\n"
+                  f"[c]\nmodel = {M}\n")
+    entries = catalog(None, path)
+    assert (entries["a"].stop_timeout, entries["b"].stop_timeout, entries["c"].stop_timeout) == (3, 10, 10)
+    assert "invalid stop-timeout value 'soon' for model 'b', using default 10 seconds" in caplog.text
+    assert "stop-timeout" not in " ".join(to_args(entries["a"].options))  # preset-only: never a flag

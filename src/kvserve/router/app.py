@@ -177,6 +177,7 @@ class Router:
                 pool.instances[name].entry = entry
             else:
                 pool.instances[name] = Instance(entry)
+        pool.notify("models_reload", "*", None)
 
 
 def create_router_app(router: Router, agent_tools: ToolRegistry | None = None) -> FastAPI:

@@ -14,11 +14,14 @@ are names the router answers to and lists; a name or alias used twice stops star
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
+from kvserve.args.spec import stoi
 from kvserve.router.preset import STOP_TIMEOUT, Options, PresetError, load_presets, to_args
 
+log = logging.getLogger("kvserve.router")
 DEFAULT_STOP_TIMEOUT = 10  # seconds an unloading child gets before it is killed
 
 
@@ -33,8 +36,9 @@ class ModelEntry:
 
     @property
     def stop_timeout(self) -> int:
+        """The preset's ``stop-timeout`` (``std::stoi``), else 10 s (also when it is not a number)."""
         try:
-            return int(self.options.get(STOP_TIMEOUT, DEFAULT_STOP_TIMEOUT))
+            return stoi(self.options[STOP_TIMEOUT]) if STOP_TIMEOUT in self.options else DEFAULT_STOP_TIMEOUT
         except ValueError:
             return DEFAULT_STOP_TIMEOUT
 
@@ -109,6 +113,12 @@ def _check_names(entries: dict[str, ModelEntry]) -> None:
                     raise PresetError(f"alias '{alias}' for model '{name}' conflicts with alias of model "
                                       f"'{other.name}'")
         to_args(e.options)  # a flag the child cannot be given stops start-up here
+        if STOP_TIMEOUT in e.options and e.stop_timeout == DEFAULT_STOP_TIMEOUT:
+            try:
+                stoi(e.options[STOP_TIMEOUT])
+            except ValueError:
+                log.warning("invalid stop-timeout value '%s' for model '%s', using default %d seconds",
+                            e.options[STOP_TIMEOUT], name, DEFAULT_STOP_TIMEOUT)
         seen[name] = e
 
 

@@ -13,7 +13,7 @@ only the router owns (``child_argv``), ``--alias NAME --host 127.0.0.1 --port P`
 outlives the router. Asked to stop, a child gets its ``stop-timeout`` (10 s) before it is killed.
 
 Events for ``/models/sse`` (``notify``): ``model_status`` on spawning, ``status_change`` on
-every status change. Everything here runs on the router's event loop.
+every status change, ``models_reload`` (model ``*``) after ``?reload=1``. Everything here runs on the router's event loop.
 """
 
 from __future__ import annotations
@@ -134,9 +134,12 @@ class ModelPool:
         if q in self._subscribers:
             self._subscribers.remove(q)
 
-    def notify(self, event: str, model: str, data: dict[str, Any]) -> None:
+    def notify(self, event: str, model: str, data: dict[str, Any] | None) -> None:
+        ev: dict[str, Any] = {"event": event, "model": model}
+        if data is not None:
+            ev["data"] = data
         for q in self._subscribers:
-            q.put_nowait({"event": event, "model": model, "data": data})
+            q.put_nowait(dict(ev))
 
     def _set(self, inst: Instance, status: str) -> None:
         inst.status = status
