@@ -218,3 +218,23 @@ def test_top_k_cut_among_equal_logits_keeps_the_lowest_ids() -> None:
     ids = torch.tensor([[9, 4, 6, 2]])
     vals, cols = topk_by_id(torch.tensor([[1.0, 2.0, 1.0, 1.0]]), 3, ids)
     assert ids.gather(-1, cols).tolist() == [[4, 2, 6]] and vals.tolist() == [[2.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize("device", DEVS)
+def test_greedy_biases_on_the_runners_logits(device) -> None:
+    """The runner returns logits made under ``torch.inference_mode``; the engine thread samples
+    outside it (a request with ``ignore_eos`` or ``logit_bias``). The biases still apply and the
+    logits come back unchanged."""
+    samplers = [SequenceSampler(p, V) for p in GREEDY_BIASED[:3]]
+    with torch.inference_mode():
+        x = _logits(5, 3, device, False)
+    assert x.is_inference()
+    before = x.clone()
+    got = sampler_fast.sample_tokens(x, samplers)
+    assert torch.equal(x, before)
+    want = before.clone()
+    want[0, 11] += 4.0
+    want[0, 12] += 0.5
+    want[1, 3] += 6.0
+    want[1, 7] = float("-inf")
+    assert got == want.argmax(-1).tolist()

@@ -170,11 +170,14 @@ def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
 def _biased_argmax(raw: Tensor, ri: Tensor, ti: Tensor, vals: Tensor) -> Tensor:
     """``(raw + biases).argmax(-1)`` without copying the logits: the biased entries are written
     in place, the argmax taken, and their values put back bit for bit (the logits are the
-    runner's; nothing else reads them in between). Same sums, same ties as the copy."""
-    old = raw[ri, ti]
-    raw[ri, ti] = old + vals
-    tokens = raw.argmax(-1)
-    raw[ri, ti] = old
+    runner's; nothing else reads them in between). Same sums, same ties as the copy. The
+    runner makes its logits under ``torch.inference_mode`` and the engine samples outside it:
+    writing into such a tensor is allowed only inside that mode."""
+    with torch.inference_mode():
+        old = raw[ri, ti]
+        raw[ri, ti] = old + vals
+        tokens = raw.argmax(-1)
+        raw[ri, ti] = old
     return tokens
 
 
