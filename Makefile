@@ -14,7 +14,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml
+# setup.py builds the native CPU kernels (src/kvserve/model/quant/qmm.c) into the editable install
+$(STAMP): $(PY) pyproject.toml setup.py src/kvserve/model/quant/qmm.c
 	$(PY) -m pip install -q --upgrade pip
 	# Keep an existing torch (e.g. a CUDA build); otherwise take the pinned CPU wheel.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"

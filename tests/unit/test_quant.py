@@ -1,5 +1,7 @@
 """Quantized weights: GGUF blocks → exact groups → int4 planes → kernels, against gguf's numpy
-dequantizer (the reference) on random blocks of every grouped format."""
+dequantizer (the reference) on random blocks of every grouped format. The int4 layout is the CPU
+path where the native kernels are not built: these tests run with them turned off
+(``KVSERVE_NATIVE=0``); tests/unit/test_qmm.py covers the native path."""
 
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ from kvserve.model.quant.embedding import PlaneEmbedding, QuantEmbedding
 from kvserve.model.quant.groups import GGUFGroups
 from kvserve.model.quant.groups import GROUPED, to_groups
 from kvserve.model.quant.linear import GEMV_MAX_ROWS, DenseLinear, QuantLinear
+
+@pytest.fixture(autouse=True)
+def _int4_path(monkeypatch):
+    monkeypatch.setenv("KVSERVE_NATIVE", "0")
+
 
 # bytes of f16 fields at the start of each block (d, or d and m/dmin)
 _F16_BYTES = {Q.Q4_0: 2, Q.Q5_0: 2, Q.Q8_0: 2, Q.Q4_1: 4, Q.Q5_1: 4, Q.Q4_K: 4, Q.Q5_K: 4, Q.Q6_K: 2}

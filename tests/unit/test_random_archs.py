@@ -64,9 +64,17 @@ def test_half_precision_runs_close_to_fp32(dtype, tmp_path):
 @pytest.mark.parametrize("arch,qtype", [("qwen2", "Q8_0"), ("llama", "Q4_0"), ("gemma3", "Q5_0"),
                                         ("qwen3", "Q4_1"),
                                         ("llama", "Q4_K_M")])
-def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
-    """Default (repacked, fused) weights against every tensor dequantized to f32, on prefill
-    (dequantize + GEMM) and on one-token decode steps (int4 kernel)."""
+@pytest.mark.parametrize("kernels", ["native", "int4"])
+def test_quantized_layout_follows_the_dense_reference(arch, qtype, kernels, tmp_path, monkeypatch):
+    """Default (quantized, fused) weights against every tensor dequantized to f32, on prefill
+    and on one-token decode steps: the native kernels, and the int4 layout that runs without
+    them (dequantize + GEMM for prefill, the int4 kernel for decode)."""
+    from kvserve.model.quant import native
+
+    if kernels == "native" and not native.available():
+        pytest.skip(native.unavailable_reason())
+    if kernels == "int4":
+        monkeypatch.setenv("KVSERVE_NATIVE", "0")
     k_quant = qtype.startswith("Q4_K")  # K-quants need rows of 256
     spec = SynthSpec(arch=arch, qtype=qtype, sliding_window=16 if arch == "gemma3" else 0, n_vocab=700,
                      **({"n_embd": 256, "n_ff": 512, "head_dim": 64} if k_quant else {}))
@@ -75,7 +83,9 @@ def test_quantized_layout_follows_the_dense_reference(arch, qtype, tmp_path):
     assert quant.weights == "quant" and dense.weights == "dense"
     assert quant.weight_bytes < dense.weight_bytes / 2
     attn = quant.model.layers[0].attn
-    if qtype == "Q4_K_M":  # V is Q6_K (dense): Q, K, V take different paths and stay apart
+    if kernels == "native":  # every format in the file runs natively: Q, K, V fused (V Q6_K with Q4_K_M)
+        assert attn.qkv is not None and attn.qkv.path == "native"
+    elif qtype == "Q4_K_M":  # V is Q6_K (dense): Q, K, V take different paths and stay apart
         assert attn.qkv is None and attn.q.path == "int4" and attn.v.path == "dense"
     else:
         assert attn.qkv is not None and not hasattr(attn, "q")  # Q, K, V fused at load

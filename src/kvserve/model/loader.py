@@ -27,10 +27,11 @@ from .config import ModelConfig, RopeOverride, UnsupportedModelError, config_fro
 from .fuse import fuse_dense
 from .gguf_meta import read_gguf
 from .quant import dequantize
-from .quant.build import RawTensor, WeightSummary, add_to_summary, dense_on, fuse_groups, linear
+from .quant.build import RawTensor, WeightSummary, add_to_summary, cpu_kernels, dense_on, fuse_groups, linear
 from .quant.embedding import PlaneEmbedding, QuantEmbedding
 from .quant.groups import GGUFGroups
 from .quant.linear import QuantLinear
+from .quant.native import NativeLinear
 from .rank_head import HEAD_ARCHS, HEAD_TENSORS, RankHead
 
 # GGUF tensor-name suffix → module parameter path inside a block.
@@ -252,6 +253,8 @@ def _repack(
     summary = WeightSummary()
     embed = raws.pop("embed")
     on = None if device.type == "cpu" else device
+    if on is None:
+        summary.kernels = cpu_kernels()
     for name, members in fuse_groups(raws, on):
         tensors = [raws[m] for m in members]
         biases = [None if (b := state.pop(f"{m}.bias", None)) is None else b.float().cpu() for m in members]
@@ -268,7 +271,11 @@ def _repack(
         head = linear([embed], [None], on)
         add_to_summary(summary, head, [embed])
         model.lm_head = head
-    if on is None and cfg.tied_embeddings and isinstance(model.lm_head, QuantLinear):
+    if on is None and cfg.tied_embeddings and isinstance(model.lm_head, NativeLinear):
+        # the head holds the embedding's own bytes: gathered rows are dequantized from them
+        model.embed = QuantEmbedding(model.lm_head.segments[0].raw, embed.qtype, *embed.shape)
+        summary.add("rows", [embed], model.embed.weight_bytes())
+    elif on is None and cfg.tied_embeddings and isinstance(model.lm_head, QuantLinear):
         # the head's planes hold the codes: keep only the file's group scales beside them
         model.embed = PlaneEmbedding(model.lm_head, GGUFGroups.of(embed.data, embed.qtype, embed.shape,
                                                                   embed.release))

@@ -1,11 +1,15 @@
 """Choose a layout per GGUF weight and build the modules that run it.
 
-    int4        CPU: Q4_0 Q4_1 Q4_K (one plane), Q5_0 Q5_1 Q5_K Q8_0 (two planes) → QuantLinear
+    native      CPU: Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K kept as the file's blocks, run by the
+                native kernels (``native``: llama.cpp's arithmetic) → NativeLinear
+    int4        CPU without the native kernels: Q4_0 Q4_1 Q4_K (one plane), Q5_0 Q5_1 Q5_K Q8_0
+                (two planes) → QuantLinear
     cuda-quant  CUDA: Q4_0 Q4_1 Q4_K (4-bit codes), Q5_* Q6_K Q8_0 (8-bit codes)  → CudaQuantLinear
     dense       every other type (CPU: also Q6_K; Q2_K, Q3_K, IQ*, F16, BF16 …) → DenseLinear, bf16
                 (float32 where the file stores float32)
     rows        CPU token embeddings: the GGUF bytes, rows dequantized on gather → QuantEmbedding
-                (tied: the head's int4 planes plus the file's group scales → PlaneEmbedding)
+                (tied: the native head's own bytes; on the int4 path the head's planes plus the
+                file's group scales → PlaneEmbedding)
 
 Tensors that share an input (Q/K/V, gate/up) are fused into one module when they all take the
 same path, so that one kernel call serves them.
@@ -22,7 +26,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
-from . import cuda_pack
+from . import cuda_pack, native
 from .dequant import dequantize
 from .groups import GROUP, GROUPED, GGUFGroups
 from .linear import DenseLinear, QuantLinear
@@ -50,6 +54,8 @@ class RawTensor(NamedTuple):
 def path_of(t: RawTensor, device: torch.device | None = None) -> str:
     if device is not None and device.type == "cuda":
         return "cuda-quant" if cuda_pack.supported(t.qtype, t.shape[1]) else "dense"
+    if native.supported(t.qtype, t.shape[1]):
+        return "native"
     if t.shape[1] % GROUP:
         return "dense"
     return "int4" if t.qtype in GROUPED else "dense"
@@ -63,6 +69,8 @@ def linear(
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
     path = path_of(weights[0], device)
+    if path == "native":
+        return native.NativeLinear([(w.data, w.qtype, w.shape, w.release) for w in weights], bias)
     if path == "int4":
         return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape, w.release) for w in weights], bias)
     if path == "cuda-quant":
@@ -108,6 +116,7 @@ class WeightSummary:
         self.bytes: dict[str, int] = defaultdict(int)
         self.file_bytes: dict[str, int] = defaultdict(int)
         self.types: dict[str, set[str]] = defaultdict(set)
+        self.kernels = ""  # which CPU kernels run the quantized weights (the load log says it)
 
     def add(self, path: str, tensors: list[RawTensor], module_bytes: int) -> None:
         self.tensors[path] += len(tensors)
@@ -135,7 +144,15 @@ class WeightSummary:
             + (f" ({'/'.join(sorted(self.types[p]))})" if self.types[p] else "")
             for p in sorted(self.tensors)
         ]
-        return "weights: " + ", ".join(parts) + f"; total {self.total_bytes / 2**20:.1f} MiB"
+        note = f"; {self.kernels}" if self.kernels else ""
+        return "weights: " + ", ".join(parts) + f"; total {self.total_bytes / 2**20:.1f} MiB" + note
+
+
+def cpu_kernels() -> str:
+    """The load log's note on the CPU's quantized kernels."""
+    if native.available():
+        return f"native kernels ({native.isa_name(native.best_isa())})"
+    return f"{native.unavailable_reason()}: torch int4 kernel"
 
 
 def fuse_groups(

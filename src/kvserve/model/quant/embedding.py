@@ -28,19 +28,25 @@ class QuantEmbedding(nn.Module):
 
     path = "rows"
 
-    def __init__(self, raw: np.ndarray, qtype: Q, n_vocab: int, n_embd: int,
+    def __init__(self, raw: np.ndarray | torch.Tensor, qtype: Q, n_vocab: int, n_embd: int,
                  release: Callable[[int, int], None] | None = None) -> None:
-        """``release(i, j)``: called once rows [i, j) of ``raw`` are copied (see ``GGUFGroups``)."""
+        """``release(i, j)``: called once rows [i, j) of ``raw`` are copied (see ``GGUFGroups``).
+        A uint8 tensor ``raw`` [n_vocab, bytes per row] is used as it is, not copied (a native
+        output head's bytes: ``shared``)."""
         super().__init__()
-        # own copy (the file is unmapped after load), taken a block of rows at a time
-        src = np.ascontiguousarray(raw).view(np.uint8).reshape(n_vocab, -1)
-        rows = np.empty(src.shape, np.uint8)
-        for i in range(0, n_vocab, _COPY_ROWS):
-            j = min(i + _COPY_ROWS, n_vocab)
-            rows[i:j] = src[i:j]
-            if release is not None:
-                release(i, j)
-        self.register_buffer("raw", torch.from_numpy(rows), persistent=False)
+        self.shared = isinstance(raw, torch.Tensor)
+        if isinstance(raw, torch.Tensor):
+            rows_t = raw
+        else:  # own copy (the file is unmapped after load), taken a block of rows at a time
+            src = np.ascontiguousarray(raw).view(np.uint8).reshape(n_vocab, -1)
+            rows = np.empty(src.shape, np.uint8)
+            for i in range(0, n_vocab, _COPY_ROWS):
+                j = min(i + _COPY_ROWS, n_vocab)
+                rows[i:j] = src[i:j]
+                if release is not None:
+                    release(i, j)
+            rows_t = torch.from_numpy(rows)
+        self.register_buffer("raw", rows_t, persistent=False)
         self.qtype = qtype
         self.n_embd = n_embd
 
@@ -50,7 +56,8 @@ class QuantEmbedding(nn.Module):
         return out.reshape(*ids.shape, self.n_embd).to(ids.device)
 
     def weight_bytes(self) -> int:
-        return self.raw.nbytes
+        """Bytes this module adds (none when the bytes are the output head's)."""
+        return 0 if self.shared else self.raw.nbytes
 
 
 # formats whose offset is ``-zero·scale``: ``(code - zero)·scale`` is the weight, bit for bit
