@@ -12,7 +12,7 @@ setup(
             ["src/kvserve/model/quant/qmm.c"],
             # no -march: each instruction set's functions carry their own target attributes and
             # are chosen at run time; -ffp-contract=off keeps every path's float operations the same
-            extra_compile_args=["-O2", "-fopenmp", "-ffp-contract=off", "-std=gnu11"],
+            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"],
             extra_link_args=["-fopenmp"],
             optional=True,
         )

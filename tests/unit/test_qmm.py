@@ -19,7 +19,7 @@ from .test_quant import random_blocks
 pytestmark = pytest.mark.skipif(not native.available(), reason=native.unavailable_reason() if not native.available() else "")
 
 FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-ISAS = [i for i in range(3) if native.available() and i <= native.best_isa()]
+ISAS = [i for i in range(4) if native.available() and i <= native.best_isa()]
 f32 = np.float32
 
 

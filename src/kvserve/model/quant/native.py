@@ -9,7 +9,7 @@ evaluations, batch widths and chunkings give the same bits.
 
 The extension ``_qmm`` is built at install time (``setup.py``); without it the model falls back
 to the int4 path (``available()`` is False and the load log says so). ``KVSERVE_QMM_ISA``
-(``scalar``, ``avx2``, ``avx512``) caps the instruction set, as ``isa=`` does per call.
+(``scalar``, ``avx2``, ``avx512``, ``amx``) caps the instruction set, as ``isa=`` does per call.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ FORMATS: dict[Q, int] = {
 BLOCK_WEIGHTS = {q: (256 if q in (Q.Q4_K, Q.Q5_K, Q.Q6_K) else 32) for q in FORMATS}
 # activation block bytes per weight block (the kernel's act32 / actK structs), for ``quantize``
 ACT_BYTES = {q: (304 if BLOCK_WEIGHTS[q] == 256 else 48) for q in FORMATS}
-ISAS = {"scalar": 0, "avx2": 1, "avx512": 2}
+ISAS = {"scalar": 0, "avx2": 1, "avx512": 2, "amx": 3}
 _COPY_ROWS = 4096
 
 
@@ -55,7 +55,8 @@ def unavailable_reason() -> str:
 
 
 def best_isa() -> int:
-    """0 scalar, 1 AVX2, 2 AVX-512 VNNI: the best level this CPU runs (capped by KVSERVE_QMM_ISA)."""
+    """0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX int8 (prefill tiles; AVX-512 VNNI otherwise): the best
+    level this CPU runs (capped by KVSERVE_QMM_ISA)."""
     assert _qmm is not None
     best = int(_qmm.best_isa())
     cap = os.environ.get("KVSERVE_QMM_ISA")

@@ -31,11 +31,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define QMM_X86 1
 #include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 enum { F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1, F_Q8_0, F_Q4_K, F_Q5_K, F_Q6_K, F_COUNT };
 enum { A_Q8_0, A_Q8_1, A_Q8_K };
-enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512 };
+enum { ISA_SCALAR, ISA_AVX2, ISA_AVX512, ISA_AMX };
 
 static const int BLOCK_BYTES[F_COUNT] = {18, 20, 22, 24, 34, 144, 176, 210};
 static const int BLOCK_W[F_COUNT] = {32, 32, 32, 32, 32, 256, 256, 256};
@@ -435,6 +438,22 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(x, y, 0x20), _mm256_permute2x128_si256(x, y, 0x31));
 }
 
+/* the two f16 fields of a dword at base + idx[j] (lanes j) → float32 (low half, high half) */
+T_AVX2 static inline void f16_pairs_avx2(const uint8_t *base, __m256i idx, __m256 *lo, __m256 *hi) {
+    const __m256i g = _mm256_i32gather_epi32((const int *)base, idx, 1), m = _mm256_set1_epi32(0xFFFF);
+    const __m256i p = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(g, m), _mm256_srli_epi32(g, 16)), 0xD8); /* [lo 8 | hi 8] */
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(p));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(p, 1));
+}
+
+T_AVX512 static inline void f16_pairs_512(const uint8_t *base, __m256i idx, __m256 *lo, __m256 *hi) {
+    const __m256i g = _mm256_i32gather_epi32((const int *)base, idx, 1);
+    *lo = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(g));
+    *hi = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(g, 16)));
+}
+
+#define PF_GROUPS 2 /* prefetch distance in groups of 8 columns */
 #define LOAD_F16X8(p) _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(p)))
 #define NEG(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.f))
 
@@ -442,7 +461,7 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
  * into the 8 lanes of one vector, so the float side runs per column lane); each block's codes
  * decoded once for up to 16 rows. K-quant sub-blocks: u8·s8 pairs (maddubs, exact for codes
  * < 64) times the int16 sub-scales (madd). */
-#define COLS_BODY(CODES32, CODESK, DOT32, SIGNED_Q8)                                                  \
+#define COLS_BODY(CODES32, CODESK, DOT32, SIGNED_Q8, F16_PAIRS)                                       \
     const int64_t nb = K / BLOCK_W[fmt];                                                               \
     const int z = ZERO_OF[fmt];                                                                        \
     __m256 acc[16];                                                                                    \
@@ -450,21 +469,26 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
     for (int64_t n = n0; n < n1; n += 8) {                                                             \
         const int nc = n1 - n < 8 ? (int)(n1 - n) : 8;                                                 \
         const uint8_t *col[8];                                                                         \
-        for (int j = 0; j < 8; j++) col[j] = W + (n + (j < nc ? j : nc - 1)) * rb; /* pad: repeat */   \
+        _Alignas(32) int32_t cidx[8];                                                                  \
+        for (int j = 0; j < 8; j++) {                                                                  \
+            col[j] = W + (n + (j < nc ? j : nc - 1)) * rb; /* pad: repeat the last column */           \
+            cidx[j] = (int32_t)((j < nc ? j : nc - 1) * rb);                                           \
+        }                                                                                              \
+        const __m256i vidx = _mm256_load_si256((const __m256i *)cidx);                                 \
         for (int64_t mm = m0; mm < m1; mm += 16) {                                                     \
             const int mr = m1 - mm < 16 ? (int)(m1 - mm) : 16;                                         \
             for (int r = 0; r < mr; r++) acc[r] = _mm256_setzero_ps();                                 \
             for (int64_t b = 0; b < nb; b++) {                                                         \
                 const int64_t off = b * BLOCK_BYTES[fmt];                                              \
-                _Alignas(16) uint16_t f0[8], f1[8];                                                    \
+                /* the next columns' bytes, a slice per block: their rows are short streams that   \
+                 * the hardware prefetcher does not pick up in time */                              \
+                const uint8_t *pf = W + (n + 8 * PF_GROUPS) * rb + 8 * off;                            \
+                for (int l = 0; l < 8 * BLOCK_BYTES[fmt]; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0); \
                 if (BLOCK_W[fmt] == 32) {                                                              \
                     __m256i c[8];                                                                      \
-                    for (int j = 0; j < 8; j++) {                                                      \
-                        c[j] = CODES32(fmt, col[j] + off);                                             \
-                        f0[j] = rd16(col[j] + off);                                                    \
-                        f1[j] = rd16(col[j] + off + 2);                                                \
-                    }                                                                                  \
-                    const __m256 dx = LOAD_F16X8(f0), mx = LOAD_F16X8(f1);                             \
+                    for (int j = 0; j < 8; j++) c[j] = CODES32(fmt, col[j] + off);                     \
+                    __m256 dx, mx;                                                                     \
+                    F16_PAIRS(col[0] + off, vidx, &dx, &mx);                                           \
                     for (int r = 0; r < mr; r++) {                                                     \
                         const act32 *a = (const act32 *)act + (mm + r) * nb + b;                       \
                         const __m256i q = _mm256_loadu_si256((const __m256i *)a->q);                   \
@@ -485,7 +509,6 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
                         CODESK(fmt, w, c);                                                             \
                         if (fmt == F_Q6_K) {                                                           \
                             const int8_t *sc8 = (const int8_t *)(w + 192);                             \
-                            f0[j] = rd16(w + 208);                                                     \
                             __m256i scv[8];                                                            \
                             for (int v = 0; v < 8; v++)                                                \
                                 scv[v] = _mm256_set_m128i(_mm_set1_epi16(sc8[2 * v + 1]), _mm_set1_epi16(sc8[2 * v])); \
@@ -502,8 +525,6 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
                         } else {                                                                       \
                             uint8_t sc[8], mn[8];                                                      \
                             k_scales(w + 4, sc, mn);                                                   \
-                            f0[j] = rd16(w);                                                           \
-                            f1[j] = rd16(w + 2);                                                       \
                             _Alignas(32) int16_t mn16[16];                                             \
                             for (int i = 0; i < 8; i++) mn16[2 * i] = mn16[2 * i + 1] = mn[i];         \
                             const __m256i mnv = _mm256_load_si256((const __m256i *)mn16);              \
@@ -519,13 +540,15 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
                             }                                                                          \
                         }                                                                              \
                     }                                                                                  \
-                    const __m256 dx = LOAD_F16X8(f0);                                                  \
+                    __m256 dx, dm; /* Q6_K: d is the high half of the dword at 206 */                  \
+                    if (fmt == F_Q6_K) F16_PAIRS(col[0] + off + 206, vidx, &dm, &dx);                  \
+                    else F16_PAIRS(col[0] + off, vidx, &dx, &dm);                                      \
                     for (int r = 0; r < mr; r++) {                                                     \
                         const actK *a = (const actK *)act + (mm + r) * nb + b;                         \
                         const __m256 dy = _mm256_set1_ps(a->d);                                        \
                         __m256 t = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(reduce8(part[r])), acc[r]); \
                         if (fmt != F_Q6_K)                                                             \
-                            t = _mm256_fmadd_ps(_mm256_mul_ps(NEG(LOAD_F16X8(f1)), dy),                \
+                            t = _mm256_fmadd_ps(_mm256_mul_ps(NEG(dm), dy),                            \
                                                 _mm256_cvtepi32_ps(reduce8(tpart[r])), t);             \
                         acc[r] = t;                                                                    \
                     }                                                                                  \
@@ -561,119 +584,301 @@ T_AVX2 static inline __m256i reduce8(const __m256i *v) {
 
 #define DOT32_AVX2(fmt, c, q) ((fmt) == F_Q8_0 ? dot_s8s8_avx2(c, q) : dot_u8s8_avx2(c, q))
 #define DOT32_512(fmt, c, q) dot_u8s8_512(c, q)
-T_AVX2 INLINE void cols_avx2(const int fmt, TILE_ARGS) { COLS_BODY(codes32_avx2, codesK_avx2, DOT32_AVX2, 1) }
+T_AVX2 INLINE void cols_avx2(const int fmt, TILE_ARGS) { COLS_BODY(codes32_avx2, codesK_avx2, DOT32_AVX2, 1, f16_pairs_avx2) }
 SPECIALIZE(tile_avx2, cols_avx2, T_AVX2)
 
-T_AVX512 INLINE void cols_512(const int fmt, TILE_ARGS) { COLS_BODY(codes32_512, codesK_512, DOT32_512, 0) }
+T_AVX512 INLINE void cols_512(const int fmt, TILE_ARGS) { COLS_BODY(codes32_512, codesK_512, DOT32_512, 0, f16_pairs_512) }
 SPECIALIZE(tile_512_cols, cols_512, T_AVX512)
 
 /* ---- AVX-512 VNNI row tiles: 16 rows in the lanes of a vector, weights broadcast ---- */
 
-#define NT 8 /* columns per row tile */
+#define NT 4 /* columns per row tile */
 
-T_AVX512 INLINE void rows_512(const int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,
-                              const void *actx, int64_t g, int64_t K, float *y, int64_t ldy) {
-    /* rows [16g, 16g + 16) × columns [n0, n1), n1 − n0 ≤ NT */
-    const int64_t nb = K / BLOCK_W[fmt];
-    const int nc = (int)(n1 - n0);
-    __m512 acc[NT];
-    for (int j = 0; j < NT; j++) acc[j] = _mm512_setzero_ps();
-    _Alignas(64) uint8_t c[256];
-    if (BLOCK_W[fmt] == 32) {
-        const act32x16 *A = (const act32x16 *)actx + g * nb;
-        const int z = ZERO_OF[fmt];
-        for (int64_t b = 0; b < nb; b++) {
-            const act32x16 *a = &A[b];
-            __m512i q[8];
-            for (int k = 0; k < 8; k++) q[k] = _mm512_load_si512((const void *)a->q[k]);
-            const __m512 dy = _mm512_loadu_ps(a->d);
-            const __m512i zs = _mm512_mullo_epi32(_mm512_loadu_si512((const void *)a->isum), _mm512_set1_epi32(-z));
-            for (int j = 0; j < nc; j++) {
-                const uint8_t *w = W + (n0 + j) * rb + b * BLOCK_BYTES[fmt];
-                _mm256_store_si256((__m256i *)c, codes32_512(fmt, w));
-                __m512i s = zs, s1 = _mm512_setzero_si512(); /* two chains: VNNI latency */
-                for (int k = 0; k < 8; k += 2) {
-                    s = _mm512_dpbusd_epi32(s, _mm512_set1_epi32(((const int32_t *)c)[k]), q[k]);
-                    s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(((const int32_t *)c)[k + 1]), q[k + 1]);
-                }
-                s = _mm512_add_epi32(s, s1);
-                const __m512 dd = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(rd16(w))), dy);
-                acc[j] = _mm512_fmadd_ps(dd, _mm512_cvtepi32_ps(s), acc[j]);
-                if (fmt == F_Q4_1 || fmt == F_Q5_1)
-                    acc[j] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(rd16(w + 2))), _mm512_loadu_ps(a->s), acc[j]);
-            }
+/* rows [16·g0, 16·(g0 + RG)) × columns [n0, n1), n1 − n0 ≤ NT: RG groups of 16 rows share each
+ * broadcast weight word; activation codes are read from memory (L1) by the VNNI instruction */
+#define ROWS_BODY(RG)                                                                                    \
+    const int64_t nb = K / BLOCK_W[fmt];                                                                 \
+    const int nc = (int)(n1 - n0);                                                                       \
+    __m512 acc[RG][NT];                                                                                  \
+    for (int r = 0; r < RG; r++)                                                                         \
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm512_setzero_ps();                                    \
+    _Alignas(64) uint8_t c[NT][256];                                                                     \
+    const uint8_t *col[NT];                                                                              \
+    for (int j = 0; j < NT; j++) col[j] = W + (n0 + (j < nc ? j : nc - 1)) * rb;                         \
+    if (BLOCK_W[fmt] == 32) {                                                                            \
+        const act32x16 *A = (const act32x16 *)actx + g0 * nb;                                            \
+        const int z = ZERO_OF[fmt];                                                                      \
+        for (int64_t b = 0; b < nb; b++) {                                                               \
+            const int64_t off = b * BLOCK_BYTES[fmt];                                                    \
+            for (int j = 0; j < NT; j++) _mm256_store_si256((__m256i *)c[j], codes32_512(fmt, col[j] + off)); \
+            for (int j = 0; j < NT; j++) {                                                               \
+                const int32_t *c4 = (const int32_t *)c[j];                                               \
+                __m512i s[RG][2];                                                                        \
+                for (int r = 0; r < RG; r++) {                                                           \
+                    s[r][0] = z ? _mm512_mullo_epi32(_mm512_loadu_si512((const void *)A[r * nb + b].isum), \
+                                                     _mm512_set1_epi32(-z))                              \
+                                : _mm512_setzero_si512();                                                \
+                    s[r][1] = _mm512_setzero_si512();                                                    \
+                }                                                                                        \
+                for (int k = 0; k < 8; k++) {                                                            \
+                    const __m512i wk = _mm512_set1_epi32(c4[k]);                                         \
+                    for (int r = 0; r < RG; r++)                                                         \
+                        s[r][k & 1] = _mm512_dpbusd_epi32(s[r][k & 1], wk,                               \
+                                                          _mm512_load_si512((const void *)A[r * nb + b].q[k])); \
+                }                                                                                        \
+                const __m512 dx = _mm512_set1_ps(_cvtsh_ss(rd16(col[j] + off)));                         \
+                for (int r = 0; r < RG; r++) {                                                           \
+                    const act32x16 *a = &A[r * nb + b];                                                  \
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_loadu_ps(a->d)),                \
+                                                _mm512_cvtepi32_ps(_mm512_add_epi32(s[r][0], s[r][1])), acc[r][j]); \
+                    if (fmt == F_Q4_1 || fmt == F_Q5_1)                                                  \
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(rd16(col[j] + off + 2))),   \
+                                                    _mm512_loadu_ps(a->s), acc[r][j]);                   \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    } else {                                                                                             \
+        const actKx16 *A = (const actKx16 *)actx + g0 * nb;                                              \
+        for (int64_t b = 0; b < nb; b++) {                                                               \
+            const int64_t off = b * BLOCK_BYTES[fmt];                                                    \
+            for (int j = 0; j < NT; j++) {                                                               \
+                const uint8_t *w = col[j] + off;                                                         \
+                __m256i cv[8];                                                                           \
+                codesK_512(fmt, w, cv);                                                                  \
+                for (int v = 0; v < 8; v++) _mm256_store_si256((__m256i *)(c[0] + 32 * v), cv[v]);      \
+                const int32_t *c4 = (const int32_t *)c[0];                                               \
+                const float dxs = _cvtsh_ss(rd16(fmt == F_Q6_K ? w + 208 : w));                          \
+                __m512i s[RG], t[RG];                                                                    \
+                for (int r = 0; r < RG; r++) s[r] = t[r] = _mm512_setzero_si512();                       \
+                if (fmt == F_Q6_K) {                                                                     \
+                    const int8_t *sc = (const int8_t *)(w + 192);                                        \
+                    for (int sb = 0; sb < 16; sb++) {                                                    \
+                        __m512i u[RG];                                                                   \
+                        for (int r = 0; r < RG; r++)                                                     \
+                            u[r] = _mm512_slli_epi32(_mm512_load_si512((const void *)A[r * nb + b].bs16[sb]), 5); \
+                        for (int r = 0; r < RG; r++) u[r] = _mm512_sub_epi32(_mm512_setzero_si512(), u[r]); \
+                        for (int k = 0; k < 4; k++) {                                                    \
+                            const __m512i wk = _mm512_set1_epi32(c4[4 * sb + k]);                        \
+                            for (int r = 0; r < RG; r++)                                                 \
+                                u[r] = _mm512_dpbusd_epi32(u[r], wk, _mm512_load_si512((const void *)A[r * nb + b].q[4 * sb + k])); \
+                        }                                                                                \
+                        const __m512i scv = _mm512_set1_epi32(sc[sb]);                                   \
+                        for (int r = 0; r < RG; r++) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(u[r], scv)); \
+                    }                                                                                    \
+                    for (int r = 0; r < RG; r++)                                                         \
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dxs), _mm512_loadu_ps(A[r * nb + b].d)), \
+                                                    _mm512_cvtepi32_ps(s[r]), acc[r][j]);                \
+                } else {                                                                                 \
+                    uint8_t sc[8], mn[8];                                                                \
+                    k_scales(w + 4, sc, mn);                                                             \
+                    for (int sb = 0; sb < 8; sb++) {                                                     \
+                        __m512i u[RG][2];                                                                \
+                        for (int r = 0; r < RG; r++) u[r][0] = u[r][1] = _mm512_setzero_si512();         \
+                        for (int k = 0; k < 8; k++) {                                                    \
+                            const __m512i wk = _mm512_set1_epi32(c4[8 * sb + k]);                        \
+                            for (int r = 0; r < RG; r++)                                                 \
+                                u[r][k & 1] = _mm512_dpbusd_epi32(u[r][k & 1], wk,                       \
+                                    _mm512_load_si512((const void *)A[r * nb + b].q[8 * sb + k]));       \
+                        }                                                                                \
+                        const __m512i scv = _mm512_set1_epi32(sc[sb]), mnv = _mm512_set1_epi32(mn[sb]);  \
+                        for (int r = 0; r < RG; r++) {                                                   \
+                            s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(_mm512_add_epi32(u[r][0], u[r][1]), scv)); \
+                            t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(                            \
+                                _mm512_load_si512((const void *)A[r * nb + b].bs32[sb]), mnv));          \
+                        }                                                                                \
+                    }                                                                                    \
+                    const float dmin = _cvtsh_ss(rd16(w + 2));                                           \
+                    for (int r = 0; r < RG; r++) {                                                       \
+                        const __m512 dy = _mm512_loadu_ps(A[r * nb + b].d);                              \
+                        __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dxs), dy), _mm512_cvtepi32_ps(s[r]), acc[r][j]); \
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-dmin), dy), _mm512_cvtepi32_ps(t[r]), v); \
+                    }                                                                                    \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    for (int r = 0; r < RG; r++)                                                                         \
+        for (int j = 0; j < nc; j++) {                                                                   \
+            _Alignas(64) float o[16];                                                                    \
+            _mm512_store_ps(o, acc[r][j]);                                                               \
+            for (int i = 0; i < 16; i++) y[(16 * (g0 + r) + i) * ldy + n0 + j] = o[i];                   \
         }
-    } else {
-        const actKx16 *A = (const actKx16 *)actx + g * nb;
-        for (int64_t b = 0; b < nb; b++) {
-            const actKx16 *a = &A[b];
-            const __m512 dy = _mm512_loadu_ps(a->d);
-            for (int j = 0; j < nc; j++) {
-                const uint8_t *w = W + (n0 + j) * rb + b * BLOCK_BYTES[fmt];
-                __m256i cv[8];
-                codesK_512(fmt, w, cv);
-                for (int v = 0; v < 8; v++) _mm256_store_si256((__m256i *)(c + 32 * v), cv[v]);
-                const int32_t *c4 = (const int32_t *)c;
-                __m512i s = _mm512_setzero_si512();
-                const float dx = _cvtsh_ss(rd16(fmt == F_Q6_K ? w + 208 : w));
-                if (fmt == F_Q6_K) {
-                    const int8_t *sc = (const int8_t *)(w + 192);
-                    for (int sb = 0; sb < 16; sb++) {
-                        __m512i t = _mm512_mullo_epi32(_mm512_load_si512((const void *)a->bs16[sb]), _mm512_set1_epi32(-32));
-                        for (int k = 0; k < 4; k++)
-                            t = _mm512_dpbusd_epi32(t, _mm512_set1_epi32(c4[4 * sb + k]), _mm512_load_si512((const void *)a->q[4 * sb + k]));
-                        s = _mm512_add_epi32(s, _mm512_mullo_epi32(t, _mm512_set1_epi32(sc[sb])));
-                    }
-                    acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dx), dy), _mm512_cvtepi32_ps(s), acc[j]);
-                } else {
-                    uint8_t sc[8], mn[8];
-                    k_scales(w + 4, sc, mn);
-                    __m512i t = _mm512_setzero_si512();
-                    for (int sb = 0; sb < 8; sb++) {
-                        __m512i u = _mm512_setzero_si512(), u1 = _mm512_setzero_si512();
-                        for (int k = 0; k < 8; k += 2) {
-                            u = _mm512_dpbusd_epi32(u, _mm512_set1_epi32(c4[8 * sb + k]), _mm512_load_si512((const void *)a->q[8 * sb + k]));
-                            u1 = _mm512_dpbusd_epi32(u1, _mm512_set1_epi32(c4[8 * sb + k + 1]), _mm512_load_si512((const void *)a->q[8 * sb + k + 1]));
-                        }
-                        u = _mm512_add_epi32(u, u1);
-                        s = _mm512_add_epi32(s, _mm512_mullo_epi32(u, _mm512_set1_epi32(sc[sb])));
-                        t = _mm512_add_epi32(t, _mm512_mullo_epi32(_mm512_load_si512((const void *)a->bs32[sb]), _mm512_set1_epi32(mn[sb])));
-                    }
-                    const float dmin = _cvtsh_ss(rd16(w + 2));
-                    __m512 r = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dx), dy), _mm512_cvtepi32_ps(s), acc[j]);
-                    acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-dmin), dy), _mm512_cvtepi32_ps(t), r);
-                }
-            }
-        }
+
+#define ROWS_ARGS const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *actx, int64_t g0, int64_t K, \
+                  float *y, int64_t ldy
+T_AVX512 INLINE void rows4_512(const int fmt, ROWS_ARGS) { ROWS_BODY(4) }
+T_AVX512 INLINE void rows1_512(const int fmt, ROWS_ARGS) { ROWS_BODY(1) }
+
+#define ROWS_SWITCH(IMPL)                                                                                \
+    switch (fmt) {                                                                                       \
+    case F_Q4_0: IMPL(F_Q4_0, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q4_1: IMPL(F_Q4_1, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q5_0: IMPL(F_Q5_0, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q5_1: IMPL(F_Q5_1, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q8_0: IMPL(F_Q8_0, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q4_K: IMPL(F_Q4_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q5_K: IMPL(F_Q5_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    default: IMPL(F_Q6_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                    \
     }
-    for (int j = 0; j < nc; j++) {
-        _Alignas(64) float o[16];
-        _mm512_store_ps(o, acc[j]);
-        for (int r = 0; r < 16; r++) y[(16 * g + r) * ldy + n0 + j] = o[r];
+
+/* row groups [g0, g1) × columns [n0, n1) */
+T_AVX512 static void tile_512_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n0_, int64_t n1_,
+                                   const void *actx, int64_t g0_, int64_t g1, int64_t K, float *y, int64_t ldy) {
+    for (int64_t n0 = n0_; n0 < n1_; n0 += NT) {
+        const int64_t n1 = n0 + NT < n1_ ? n0 + NT : n1_;
+        int64_t g0 = g0_;
+        for (; g0 + 4 <= g1; g0 += 4) { ROWS_SWITCH(rows4_512) }
+        for (; g0 < g1; g0++) { ROWS_SWITCH(rows1_512) }
     }
 }
-T_AVX512 static void tile_512_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1,
-                                   const void *actx, int64_t g, int64_t K, float *y, int64_t ldy) {
-    switch (fmt) {
-    case F_Q4_0: rows_512(F_Q4_0, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    case F_Q4_1: rows_512(F_Q4_1, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    case F_Q5_0: rows_512(F_Q5_0, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    case F_Q5_1: rows_512(F_Q5_1, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    case F_Q8_0: rows_512(F_Q8_0, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    case F_Q4_K: rows_512(F_Q4_K, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    case F_Q5_K: rows_512(F_Q5_K, W, rb, n0, n1, actx, g, K, y, ldy); break;
-    default: rows_512(F_Q6_K, W, rb, n0, n1, actx, g, K, y, ldy); break;
+
+/* ---- AMX int8 row tiles (32-weight formats): the tile unit computes the exact block dots ----
+ * A = 16 columns' codes of one block (16 rows × 32 bytes, unsigned), B = 16 rows' activation codes
+ * of the block in the interleaved layout (8 rows × 64 bytes, signed), C[n][r] = the block dot of
+ * column n and row r: the same int32 as every other path; the float side is the VNNI row tile's. */
+
+#define T_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq,amx-tile,amx-int8")))
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tilecfg;
+
+/* A: weights 16 × 32 bytes; B: two row groups' activations, 8 × 64; C: two 16 × 16 int32 tiles */
+static const tilecfg AMX_CFG __attribute__((aligned(64))) = {
+    .palette = 1,
+    .colsb = {32, 64, 64, 64, 64},
+    .rows = {16, 8, 8, 16, 16},
+};
+
+T_AMX static void amx_config(void) { _tile_loadconfig(&AMX_CFG); }
+
+/* a[j][i] (16 × 16) → y[i·ldy + j] for j < nc: a register transpose, one store per row */
+T_AMX static inline void store_t16(float a[16][16], float *y, int64_t ldy, int nc) {
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(a[i]);
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    }
+    const __mmask16 m = (__mmask16)((1u << nc) - 1);
+    for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(y + i * ldy, m, r[i]);
+}
+
+T_AMX INLINE void amx_body(const int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *actx,
+                           int64_t g0, int64_t g1, int64_t K, float *y, int64_t ldy) {
+    const int64_t nb = K / 32;
+    const int z = ZERO_OF[fmt];
+    const act32x16 *A = (const act32x16 *)actx;
+    _Alignas(64) uint8_t abuf[16][32];
+    _Alignas(64) int32_t cbuf[2][2][16][16];
+    _Alignas(64) float acc[2][16][16];
+    _Alignas(64) float dxs[2][16], mxs[2][16];
+    for (int64_t nn = n0; nn < n1; nn += 16) {
+        const int nc = n1 - nn < 16 ? (int)(n1 - nn) : 16;
+        const uint8_t *col[16];
+        _Alignas(64) int32_t cidx[16];
+        for (int j = 0; j < 16; j++) {
+            col[j] = W + (nn + (j < nc ? j : nc - 1)) * rb;
+            cidx[j] = (int32_t)((j < nc ? j : nc - 1) * rb);
+        }
+        const __m512i vidx = _mm512_load_si512((const void *)cidx);
+        for (int64_t g = g0; g < g1; g += 2) {
+            const int rt = g1 - g < 2 ? 1 : 2;
+            for (int r = 0; r < 2; r++)
+                for (int j = 0; j < 16; j++) _mm512_store_ps(acc[r][j], _mm512_setzero_ps());
+            /* software-pipelined: the tile unit computes block b while the vector units scale
+             * and accumulate block b − 1 (double-buffered dots and scales) */
+            for (int64_t b = 0; b <= nb; b++) {
+                const int cur = (int)(b & 1), prev = cur ^ 1;
+                if (b < nb) {
+                    const int64_t off = b * BLOCK_BYTES[fmt];
+                    for (int j = 0; j < 16; j++) _mm256_store_si256((__m256i *)abuf[j], codes32_512(fmt, col[j] + off));
+                    /* the blocks' d (and m) of the 16 columns: one gather of their first dwords */
+                    const __m512i gq = _mm512_i32gather_epi32(vidx, (const void *)(col[0] + off), 1);
+                    _mm512_store_ps(dxs[cur], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gq)));
+                    _mm512_store_ps(mxs[cur], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gq, 16))));
+                    _tile_loadd(0, abuf, 32);
+                    _tile_loadd(1, A[g * nb + b].q, 64);
+                    _tile_zero(3);
+                    _tile_dpbusd(3, 0, 1);
+                    _tile_stored(3, cbuf[cur][0], 64);
+                    if (rt == 2) {
+                        _tile_loadd(2, A[(g + 1) * nb + b].q, 64);
+                        _tile_zero(4);
+                        _tile_dpbusd(4, 0, 2);
+                        _tile_stored(4, cbuf[cur][1], 64);
+                    }
+                }
+                if (b == 0) continue;
+                for (int r = 0; r < rt; r++) {
+                    const act32x16 *a = &A[(g + r) * nb + b - 1];
+                    const __m512 dy = _mm512_loadu_ps(a->d);
+                    const __m512i zs = _mm512_mullo_epi32(_mm512_loadu_si512((const void *)a->isum), _mm512_set1_epi32(-z));
+                    const __m512 sy = _mm512_loadu_ps(a->s);
+                    for (int j = 0; j < 16; j++) {
+                        const __m512i sv = _mm512_add_epi32(_mm512_load_si512((const void *)cbuf[prev][r][j]), zs);
+                        __m512 t = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dxs[prev][j]), dy), _mm512_cvtepi32_ps(sv),
+                                                   _mm512_load_ps(acc[r][j]));
+                        if (fmt == F_Q4_1 || fmt == F_Q5_1) t = _mm512_fmadd_ps(_mm512_set1_ps(mxs[prev][j]), sy, t);
+                        _mm512_store_ps(acc[r][j], t);
+                    }
+                }
+            }
+            for (int r = 0; r < rt; r++) store_t16(acc[r], y + 16 * (g + r) * ldy + nn, ldy, nc);
+        }
+    }
+}
+
+T_AMX static void tile_amx_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *actx,
+                                int64_t g0, int64_t g1, int64_t K, float *y, int64_t ldy) {
+    amx_config();
+    switch (fmt) {
+    case F_Q4_0: amx_body(F_Q4_0, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    case F_Q4_1: amx_body(F_Q4_1, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    case F_Q5_0: amx_body(F_Q5_0, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    case F_Q5_1: amx_body(F_Q5_1, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    default: amx_body(F_Q8_0, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    }
+    _tile_release();
+}
+
+static int amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0; /* AMX-TILE, AMX-INT8 */
+    /* the kernel lets a process use the tile data only once it asks (ARCH_REQ_XCOMP_PERM) */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 #endif /* QMM_X86 */
 
 static int best_isa(void) {
 #ifdef QMM_X86
+    static int amx = -1;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return ISA_AVX512;
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        if (amx < 0) amx = amx_usable();
+        return amx ? ISA_AMX : ISA_AVX512;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         return ISA_AVX2;
 #endif
@@ -689,7 +894,7 @@ static void qmm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *W,
     const int64_t bw = at == A_Q8_K ? 256 : 32, nb = K / bw, rb = nb * BLOCK_BYTES[fmt];
     const size_t abytes = at == A_Q8_K ? sizeof(actK) : sizeof(act32);
     const size_t xbytes = at == A_Q8_K ? sizeof(actKx16) : sizeof(act32x16);
-    const int64_t groups = isa == ISA_AVX512 ? M / 16 : 0;
+    const int64_t groups = isa >= ISA_AVX512 ? M / 16 : 0;
     void *act = aligned_alloc(64, ((size_t)(M * nb * abytes) + 63) / 64 * 64 + 64);
     void *actx = groups ? aligned_alloc(64, (size_t)(groups * nb) * xbytes + 64) : NULL;
     const int64_t nchunks = (N + COL_CHUNK - 1) / COL_CHUNK;
@@ -714,15 +919,16 @@ static void qmm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *W,
                     interleave_32((const act32 *)act + 16 * g * nb, nb, b, (act32x16 *)actx + gb);
             }
         }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static) /* contiguous columns per thread: the prefetches run ahead in them */
         for (int64_t ch = 0; ch < nchunks; ch++) {
             const int64_t n0 = ch * COL_CHUNK, n1 = n0 + COL_CHUNK < N ? n0 + COL_CHUNK : N;
             const int64_t mrest = 16 * groups;
 #ifdef QMM_X86
-            if (isa == ISA_AVX512) {
-                for (int64_t g = 0; g < groups; g++)
-                    for (int64_t j = n0; j < n1; j += NT)
-                        tile_512_rows(fmt, W, rb, j, j + NT < n1 ? j + NT : n1, actx, g, K, y, ldy);
+            if (isa == ISA_AMX && at != A_Q8_K) {
+                if (groups) tile_amx_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);
+                if (mrest < M) tile_512_cols(fmt, W, rb, n0, n1, act, mrest, M, K, y, ldy);
+            } else if (isa >= ISA_AVX512) {
+                if (groups) tile_512_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);
                 if (mrest < M) tile_512_cols(fmt, W, rb, n0, n1, act, mrest, M, K, y, ldy);
             } else if (isa == ISA_AVX2) {
                 tile_avx2(fmt, W, rb, n0, n1, act, 0, M, K, y, ldy);
@@ -779,7 +985,7 @@ static PyObject *py_quantize(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS,
      "matmul(fmt, x_ptr, M, K, w_ptr, N, y_ptr, ldy, nthreads, isa): y[:, :N] = x @ W.T (float32)"},
-    {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2, 2 AVX-512 VNNI: the best this CPU runs"},
+    {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX int8: the best this CPU runs"},
     {"quantize", py_quantize, METH_VARARGS, "quantize(fmt, x_ptr, M, K, out_ptr): activation blocks (tests)"},
     {NULL, NULL, 0, NULL}};
 
