@@ -88,7 +88,7 @@ def matmul(qtype: Q, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None 
     return out
 
 
-def quantize(qtype: Q, x: torch.Tensor) -> np.ndarray:
+def quantize(qtype: Q, x: torch.Tensor, isa: int = -1) -> np.ndarray:
     """The activation blocks the kernel computes for x (float32 [M, K]; tests): per row and block
     (d float32, s float32, Σq int32, pad, 32 int8 codes) or, for the K-quants, (d float32, 12
     bytes pad, 16 int16 sums of 16, 256 int8 codes)."""
@@ -96,7 +96,7 @@ def quantize(qtype: Q, x: torch.Tensor) -> np.ndarray:
     x = x.float().contiguous()
     m, k = x.shape
     out = np.zeros(m * (k // BLOCK_WEIGHTS[qtype]) * ACT_BYTES[qtype], np.uint8)
-    _qmm.quantize(FORMATS[qtype], x.data_ptr(), m, k, out.ctypes.data)
+    _qmm.quantize(FORMATS[qtype], x.data_ptr(), m, k, out.ctypes.data, _ISA if isa < 0 else isa)
     return out.reshape(m, k // BLOCK_WEIGHTS[qtype], ACT_BYTES[qtype])
 
 

@@ -184,6 +184,73 @@ static void quantize_row_K(const float *x, int64_t k, actK *out) {
     }
 }
 
+
+#ifdef QMM_X86
+/* the same activation blocks with AVX-512 (bit for bit: max and the first maximum's index are
+ * order-free, products and round-to-nearest-even conversions are elementwise) */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+static void quantize_row_32_512(const float *x, int64_t k, act32 *out) {
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int64_t b = 0; b < k / 32; b++, x += 32) {
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
+        const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+        _mm_storeu_si128((__m128i *)out[b].q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(out[b].q + 16), _mm512_cvtepi32_epi8(q1));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        out[b].d = round_f16(d);
+        out[b].s = round_f16(d * (float)sum);
+        out[b].isum = sum;
+        out[b].pad = 0;
+    }
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+static void quantize_row_K_512(const float *x, int64_t k, actK *out) {
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int64_t b = 0; b < k / 256; b++, x += 256) {
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < 256; i += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + i)));
+        const float amax = _mm512_reduce_max_ps(m);
+        memset(&out[b], 0, sizeof(actK));
+        if (amax == 0.f) continue;
+        int at = 0; /* the first element of that magnitude, as the scalar scan keeps it */
+        for (int i = 0; i < 256; i += 16) {
+            const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(x + i)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (eq) {
+                at = i + __builtin_ctz(eq);
+                break;
+            }
+        }
+        const float iscale = -127.f / x[at];
+        const __m512 vs = _mm512_set1_ps(iscale);
+        for (int j = 0; j < 16; j++) {
+            __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * j))), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(out[b].q + 16 * j), _mm512_cvtepi32_epi8(q));
+            out[b].bsums[j] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        out[b].d = 1.f / iscale;
+    }
+}
+#endif
+
+static void quantize_rows(int at, const float *x, int64_t m0, int64_t m1, int64_t K, void *act, int isa) {
+    const int64_t nb = K / (at == A_Q8_K ? 256 : 32);
+    for (int64_t m = m0; m < m1; m++) {
+#ifdef QMM_X86
+        if (isa >= ISA_AVX512) {
+            if (at == A_Q8_K) quantize_row_K_512(x + m * K, K, (actK *)act + m * nb);
+            else quantize_row_32_512(x + m * K, K, (act32 *)act + m * nb);
+            continue;
+        }
+#endif
+        if (at == A_Q8_K) quantize_row_K(x + m * K, K, (actK *)act + m * nb);
+        else quantize_row_32(x + m * K, K, (act32 *)act + m * nb);
+    }
+}
+
 static void interleave_32(const act32 *rows, int64_t nb, int64_t b, act32x16 *o) {
     for (int r = 0; r < 16; r++) {
         const act32 *a = &rows[r * nb + b];
@@ -746,10 +813,11 @@ typedef struct {
 } tilecfg;
 
 /* A: weights 16 × 32 bytes; B: two row groups' activations, 8 × 64; C: two 16 × 16 int32 tiles */
+/* K-quants: tile 5 = Q6_K's 16-weight sub-blocks (16 × 16 bytes), tile 6 = their activations (4 × 64) */
 static const tilecfg AMX_CFG __attribute__((aligned(64))) = {
     .palette = 1,
-    .colsb = {32, 64, 64, 64, 64},
-    .rows = {16, 8, 8, 16, 16},
+    .colsb = {32, 64, 64, 64, 64, 16, 64},
+    .rows = {16, 8, 8, 16, 16, 16, 4},
 };
 
 T_AMX static void amx_config(void) { _tile_loadconfig(&AMX_CFG); }
@@ -847,6 +915,94 @@ T_AMX INLINE void amx_body(const int fmt, const uint8_t *W, int64_t rb, int64_t 
     }
 }
 
+
+/* K-quants: per sub-block, C = the 16 columns' × 16 rows' exact dots on the tile unit, then
+ * s += sc·C (and the offsets, the mins) on the vector units; the float side once per super-block */
+T_AMX INLINE void amxk_body(const int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *actx,
+                            int64_t g0, int64_t g1, int64_t K, float *y, int64_t ldy) {
+    const int64_t nb = K / 256;
+    const actKx16 *A = (const actKx16 *)actx;
+    _Alignas(64) uint8_t abuf[16][16][32]; /* [sub-block][column][codes] (Q6_K: [16][16][16] used) */
+    _Alignas(64) int32_t cbuf[16][16];
+    _Alignas(64) float acc[16][16];
+    _Alignas(64) int32_t sacc[16][16], tacc[16][16];
+    for (int64_t nn = n0; nn < n1; nn += 16) {
+        const int nc = n1 - nn < 16 ? (int)(n1 - nn) : 16;
+        const uint8_t *col[16];
+        for (int j = 0; j < 16; j++) col[j] = W + (nn + (j < nc ? j : nc - 1)) * rb;
+        for (int64_t g = g0; g < g1; g++) {
+            for (int j = 0; j < 16; j++) _mm512_store_ps(acc[j], _mm512_setzero_ps());
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t off = b * BLOCK_BYTES[fmt];
+                const actKx16 *a = &A[g * nb + b];
+                _Alignas(64) uint8_t sc[16][16], mn[16][8];
+                for (int j = 0; j < 16; j++) {
+                    const uint8_t *w = col[j] + off;
+                    __m256i cv[8];
+                    codesK_512(fmt, w, cv);
+                    if (fmt == F_Q6_K) {
+                        for (int v = 0; v < 8; v++) { /* vector v = sub-blocks 2v, 2v + 1 */
+                            _mm_store_si128((__m128i *)abuf[2 * v][j], _mm256_castsi256_si128(cv[v]));
+                            _mm_store_si128((__m128i *)abuf[2 * v + 1][j], _mm256_extracti128_si256(cv[v], 1));
+                        }
+                        memcpy(sc[j], w + 192, 16);
+                    } else {
+                        for (int v = 0; v < 8; v++) _mm256_store_si256((__m256i *)abuf[v][j], cv[v]);
+                        k_scales(w + 4, sc[j], mn[j]);
+                    }
+                    _mm512_store_si512((void *)sacc[j], _mm512_setzero_si512());
+                }
+                if (fmt == F_Q6_K) {
+                    for (int sb = 0; sb < 16; sb++) {
+                        _tile_loadd(5, abuf[sb], 32); /* 16 codes per column, rows 32 bytes apart */
+                        _tile_loadd(6, a->q[4 * sb], 64);
+                        _tile_zero(3);
+                        _tile_dpbusd(3, 5, 6);
+                        _tile_stored(3, cbuf, 64);
+                        const __m512i off32 = _mm512_slli_epi32(_mm512_load_si512((const void *)a->bs16[sb]), 5);
+                        for (int j = 0; j < 16; j++) {
+                            const __m512i d = _mm512_sub_epi32(_mm512_load_si512((const void *)cbuf[j]), off32);
+                            const __m512i sv = _mm512_mullo_epi32(d, _mm512_set1_epi32((int8_t)sc[j][sb]));
+                            _mm512_store_si512((void *)sacc[j], _mm512_add_epi32(_mm512_load_si512((const void *)sacc[j]), sv));
+                        }
+                    }
+                } else {
+                    for (int sb = 0; sb < 8; sb++) {
+                        _tile_loadd(0, abuf[sb], 32);
+                        _tile_loadd(1, a->q[8 * sb], 64);
+                        _tile_zero(3);
+                        _tile_dpbusd(3, 0, 1);
+                        _tile_stored(3, cbuf, 64);
+                        for (int j = 0; j < 16; j++) {
+                            const __m512i sv = _mm512_mullo_epi32(_mm512_load_si512((const void *)cbuf[j]), _mm512_set1_epi32(sc[j][sb]));
+                            _mm512_store_si512((void *)sacc[j], _mm512_add_epi32(_mm512_load_si512((const void *)sacc[j]), sv));
+                        }
+                    }
+                    for (int j = 0; j < 16; j++) {
+                        __m512i t = _mm512_setzero_si512();
+                        for (int sb = 0; sb < 8; sb++)
+                            t = _mm512_add_epi32(t, _mm512_mullo_epi32(_mm512_load_si512((const void *)a->bs32[sb]),
+                                                                       _mm512_set1_epi32(mn[j][sb])));
+                        _mm512_store_si512((void *)tacc[j], t);
+                    }
+                }
+                const __m512 dy = _mm512_loadu_ps(a->d);
+                for (int j = 0; j < 16; j++) {
+                    const uint8_t *w = col[j] + off;
+                    const float dx = _cvtsh_ss(rd16(fmt == F_Q6_K ? w + 208 : w));
+                    __m512 t = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dx), dy),
+                                               _mm512_cvtepi32_ps(_mm512_load_si512((const void *)sacc[j])), _mm512_load_ps(acc[j]));
+                    if (fmt != F_Q6_K)
+                        t = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-_cvtsh_ss(rd16(w + 2))), dy),
+                                            _mm512_cvtepi32_ps(_mm512_load_si512((const void *)tacc[j])), t);
+                    _mm512_store_ps(acc[j], t);
+                }
+            }
+            store_t16(acc, y + 16 * g * ldy + nn, ldy, nc);
+        }
+    }
+}
+
 T_AMX static void tile_amx_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *actx,
                                 int64_t g0, int64_t g1, int64_t K, float *y, int64_t ldy) {
     amx_config();
@@ -855,7 +1011,10 @@ T_AMX static void tile_amx_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n
     case F_Q4_1: amx_body(F_Q4_1, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
     case F_Q5_0: amx_body(F_Q5_0, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
     case F_Q5_1: amx_body(F_Q5_1, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
-    default: amx_body(F_Q8_0, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    case F_Q8_0: amx_body(F_Q8_0, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    case F_Q4_K: amxk_body(F_Q4_K, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    case F_Q5_K: amxk_body(F_Q5_K, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
+    default: amxk_body(F_Q6_K, W, rb, n0, n1, actx, g0, g1, K, y, ldy); break;
     }
     _tile_release();
 }
@@ -903,12 +1062,7 @@ static void qmm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *W,
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++) {
-            if (at == A_Q8_K)
-                quantize_row_K(x + m * K, K, (actK *)act + m * nb);
-            else
-                quantize_row_32(x + m * K, K, (act32 *)act + m * nb);
-        }
+        for (int64_t m = 0; m < M; m++) quantize_rows(at, x, m, m + 1, K, act, isa);
         if (groups) {
 #pragma omp for schedule(static)
             for (int64_t gb = 0; gb < groups * nb; gb++) {
@@ -924,7 +1078,7 @@ static void qmm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *W,
             const int64_t n0 = ch * COL_CHUNK, n1 = n0 + COL_CHUNK < N ? n0 + COL_CHUNK : N;
             const int64_t mrest = 16 * groups;
 #ifdef QMM_X86
-            if (isa == ISA_AMX && at != A_Q8_K) {
+            if (isa == ISA_AMX) {
                 if (groups) tile_amx_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);
                 if (mrest < M) tile_512_cols(fmt, W, rb, n0, n1, act, mrest, M, K, y, ldy);
             } else if (isa >= ISA_AVX512) {
@@ -964,21 +1118,17 @@ static PyObject *py_best_isa(PyObject *self, PyObject *args) { return PyLong_Fro
 
 static PyObject *py_quantize(PyObject *self, PyObject *args) {
     /* the activation blocks of x (for tests): Q8_0/Q8_1 → act32 rows, Q8_K → actK rows */
-    int fmt;
+    int fmt, isa = -1;
     unsigned long long xp, op;
     long long M, K;
-    if (!PyArg_ParseTuple(args, "iKLLK", &fmt, &xp, &M, &K, &op)) return NULL;
+    if (!PyArg_ParseTuple(args, "iKLLK|i", &fmt, &xp, &M, &K, &op, &isa)) return NULL;
     if (fmt < 0 || fmt >= F_COUNT || K % BLOCK_W[fmt]) {
         PyErr_SetString(PyExc_ValueError, "qmm.quantize: bad format or shape");
         return NULL;
     }
-    const int64_t nb = K / (ACT_OF[fmt] == A_Q8_K ? 256 : 32);
-    for (int64_t m = 0; m < M; m++) {
-        if (ACT_OF[fmt] == A_Q8_K)
-            quantize_row_K((const float *)xp + m * K, K, (actK *)op + m * nb);
-        else
-            quantize_row_32((const float *)xp + m * K, K, (act32 *)op + m * nb);
-    }
+    const int best = best_isa();
+    if (isa < 0 || isa > best) isa = best;
+    quantize_rows(ACT_OF[fmt], (const float *)xp, 0, M, K, (void *)op, isa);
     Py_RETURN_NONE;
 }
 
@@ -986,7 +1136,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS,
      "matmul(fmt, x_ptr, M, K, w_ptr, N, y_ptr, ldy, nthreads, isa): y[:, :N] = x @ W.T (float32)"},
     {"best_isa", py_best_isa, METH_NOARGS, "0 scalar, 1 AVX2, 2 AVX-512 VNNI, 3 AMX int8: the best this CPU runs"},
-    {"quantize", py_quantize, METH_VARARGS, "quantize(fmt, x_ptr, M, K, out_ptr): activation blocks (tests)"},
+    {"quantize", py_quantize, METH_VARARGS, "quantize(fmt, x_ptr, M, K, out_ptr[, isa]): activation blocks (tests)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_qmm", NULL, -1, methods};
