@@ -430,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
             for a in attns:
                 if a is not None:
                     from kvserve.model.backends import torch_ref
-                    from kvserve.model.quant.linear import GEMV_MAX_ROWS
 
-                    torch_ref.WIDE_MAX_ROWS = GEMV_MAX_ROWS if a == "f64" else 0
+                    default = getattr(torch_ref, "_WIDE_DEFAULT", torch_ref.WIDE_MAX_ROWS)
+                    torch_ref._WIDE_DEFAULT = default  # type: ignore[attr-defined]
+                    torch_ref.WIDE_MAX_ROWS = default if a == "f64" else 0
                 label = n if len(layouts) == 1 else f"{n} [{w}]"
                 results.append(bench_model(label if a is None else f"{label} [attn {a}]", p, args, w))
     cuda = args.device == "cuda"

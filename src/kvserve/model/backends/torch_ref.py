@@ -26,6 +26,7 @@ import torch
 from ..attention import AttnMeta, Scratch, SeqKeys, build_meta, one_query_attention, paged_attention
 from ..config import ModelConfig
 from ..kv_store import PagedKVStore
+from ..quant import native
 from ..quant.linear import GEMV_MAX_ROWS
 from ..rope import RopeTables, apply_rope, apply_rope_full
 from .base import AttentionBackend, AttentionStep, StepSeq
@@ -38,9 +39,12 @@ from .base import AttentionBackend, AttentionStep, StepSeq
 # bound: converting the gathered float16 KV to float64 costs ~3x the float32 conversion; SmolLM2's
 # decode ran at 0.87x (batch 1) and 0.77x (batch 4) with float64 at 480 keys, 0.67x (batch 1) at
 # 1024 (bench/engine.py --cpu-attention both; docs/benchmarks.md §6).
+# With the native kernels (quant.native) every quantized linear layer is row-independent at any
+# row count, so only the key bound applies (a step's rows never exceed its keys); the cost is
+# float64 attention for prefills of up to 256 tokens (docs/benchmarks.md §6).
 # WIDE_MAX_ROWS = 0 turns it off.
-WIDE_MAX_ROWS = GEMV_MAX_ROWS
 WIDE_MAX_KEYS = 256
+WIDE_MAX_ROWS = WIDE_MAX_KEYS if native.available() else GEMV_MAX_ROWS
 
 
 class TorchStep(AttentionStep):
