@@ -36,7 +36,8 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32:
             # F.rms_norm's arithmetic (bit for bit) in fewer operations: on the CPU it runs as a
             # composite of ~14 aten calls, and a decode step's cost is mostly per-call overhead
-            r = torch.mean(x * x, -1, keepdim=True).add_(self.eps).rsqrt_()
+            # (mean on the CPU is this sum and division, which F.rms_norm calls through it)
+            r = torch.sum(x * x, -1, keepdim=True).div_(x.shape[-1]).add_(self.eps).rsqrt_()
             return torch.mul(x, r).mul_(self.weight)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -111,7 +111,10 @@ class TorchStep(AttentionStep):
         if self._one is not None:
             dt = torch.float64 if wide else q.dtype
             o = one_query_attention(q, kc, vc, self._one, be.attn_scale, dt, self._scratch)
-            return o if o.dtype == q.dtype else o.to(q.dtype)
+            if o.dtype == q.dtype:
+                return o
+            # rounded into a buffer of the step: the caller's output projection reads it at once
+            return self._scratch.get("o", tuple(o.shape), q.dtype, o.device).copy_(o)
         o = paged_attention(
             q.double() if wide else q.contiguous(), be.k_layers[layer], be.v_layers[layer], self.meta,
             be.layer_window[layer], be.attn_scale,
