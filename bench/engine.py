@@ -232,6 +232,8 @@ def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "
     for bs in args.batches:
         decode[bs] = b.decode(bs)
         print(f"{name}: decode batch {bs}: {decode[bs]:.1f} tok/s", file=sys.stderr, flush=True)
+        if args.kernels and device.type == "cuda" and bs == args.batches[0]:
+            print_kernels(name, bs, b.decode_setup(bs), 1e6 * bs / decode[bs], args.steps // 2)
     cuda_peak = torch.cuda.max_memory_allocated(device) / MIB if device.type == "cuda" else None
     be = getattr(b.runner, "backend", None)  # (older trees have no backends)
     backend = (be.name if be else "torch") + ("+graphs" if getattr(b.runner, "graphs", None) is not None else "")
@@ -252,6 +254,36 @@ def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "
     )
     del b, loaded
     return res
+
+
+def print_kernels(name: str, batch: int, step: Callable[[], None], wall_us: float, steps: int) -> None:
+    """GPU kernels of ``steps`` decode steps (torch.profiler, CUPTI: kernels replayed inside CUDA
+    graphs are listed too): per kernel name, launches and GPU µs per step; the sum against the
+    step's wall time from the throughput run (the rest: gaps between kernels, host time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        us = e.time_range.elapsed_us()
+        key = e.name if len(e.name) <= 70 else e.name[:67] + "..."
+        per.setdefault(key, []).append(us)
+    total = sum(sum(v) for v in per.values()) / steps
+    rows = [[k, len(v) / steps, sum(v) / steps, 100 * sum(v) / steps / total]
+            for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))]
+    launches = sum(len(v) for v in per.values()) / steps
+    print(f"## GPU kernels of one decode step: {name}, batch {batch}\n")
+    print(f"{launches:.0f} kernels, {total:.0f} µs of kernel time per step against {wall_us:.0f} µs wall "
+          f"(throughput run): {wall_us - total:.0f} µs between kernels or on the host\n")
+    print_table(["kernel", "launches / step", "µs / step", "% of kernel time"], rows[:20], digits=1)
 
 
 def weight_bytes(loaded: LoadedModel) -> int:
@@ -371,6 +403,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "row each (the two alternating per model)")
     p.add_argument("--roofline", action="store_true",
                    help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
+    p.add_argument("--kernels", action="store_true",
+                   help="CUDA: after the first decode batch, its GPU kernels per step (torch.profiler)")
     p.add_argument("--profile", action="store_true",
                    help="instead of throughput: per-step host vs GPU time and top host costs "
                         "(prefill at --prefill lengths, decode at --batches)")

@@ -1,20 +1,24 @@
-"""The CUDA quantized GEMV (Triton, ``kvserve.model.quant.triton_gemv``) against bf16 ``F.linear``
-on the linear layers of a Llama-3-8B Q4_K_M file (Q/K/gate/up/o Q4_K; V, down, output Q6_K —
-as the synthetic Q4_K_M files store them): GPU microseconds per call (CUDA-graph replay over
-copies of the weights larger than the L2 together, as in a decode step), weight bytes read per second, and the fraction
-of the device's copy bandwidth measured in the same run (the weight-bytes roofline).
+"""The CUDA quantized GEMV (Triton: ``triton_gemv`` on float32 activations, ``triton_q8`` on int8
+ones, each module as it runs in a decode step) against bf16 ``F.linear`` on the linear layers of
+a Llama-3-8B Q4_K_M file (Q/K/gate/up/o Q4_K; V, down, output Q6_K — as the synthetic Q4_K_M
+files store them): GPU microseconds per call (CUDA-graph replay over copies of the weights
+larger than the L2 together, as in a decode step) and the fraction of the device's copy
+bandwidth measured in the same run (the weight-bytes roofline).
 
     python bench/quant_cuda.py                     # needs CUDA
     python bench/quant_cuda.py --rows 1,4,8 --sweep   # also try the GEMV configurations
 
-``--sweep`` times every (rows per program, groups per step, warps, programs per SM) of a small
-grid at batch 1 and prints the best per tensor next to the default configuration.
+``--sweep`` times every (columns per program, warps, programs per SM) of a small grid at batch 1
+for one kernel (``--sweep-act``) and prints the best per tensor next to the default
+configuration, then the three best of batch 1 and the default again at 4 batch rows;
+``--best FILE`` keeps the best per tensor for ``KVSERVE_GEMV_TUNING``.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import sys
 
@@ -27,7 +31,7 @@ from common import print_conditions, print_table  # noqa: E402
 from engine import copy_bandwidth  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from kvserve.model.quant import cuda_pack, triton_gemv  # noqa: E402
+from kvserve.model.quant import cuda_linear, cuda_pack, triton_gemv, triton_q8  # noqa: E402
 from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
 from kvserve.model.synth import random_kquant  # noqa: E402
 
@@ -71,27 +75,48 @@ def random_pack(qtype: Q, n: int, k: int, rng: np.random.Generator) -> cuda_pack
     return cuda_pack.pack(raw, qtype, k)
 
 
-def sweep(p: cuda_pack.Packed, x: torch.Tensor) -> tuple[triton_gemv.Config, float, float]:
-    """(best configuration, its µs, the default configuration's µs) at batch 1."""
-    best = (triton_gemv.default_config(p, 1), float("inf"))
+GRID = [(1, 1), (1, 2), (2, 2), (4, 1), (4, 2), (8, 2), (8, 4)]  # (warps, 16-byte loads a thread per row)
+
+
+def sweep(p: cuda_pack.Packed, k: int, act: str) -> dict:
+    """Every configuration of the grid at batch 1 (the GEMV kernel alone: the int8 kernel's
+    activations quantized beforehand); the 3 best and the default at 4 rows."""
     copies = [p] + [p._replace(q=p.q.clone(), gw=p.gw.clone(), sw=None if p.sw is None else p.sw.clone())
                     for _ in range(n_copies(p.nbytes) - 1)]
-    out = torch.empty((1, p.n), dtype=x.dtype, device=x.device)
-    for warps, reps in ((1, 1), (2, 1), (4, 1), (4, 2), (8, 2), (8, 4)):
-        for programs in (2, 8):
-            cfg = triton_gemv.Config(128 * warps * reps, warps, programs)
-            t = time_us([lambda c=c: triton_gemv.gemv(x, c, out, cfg=cfg) for c in copies])
-            if t < best[1]:
-                best = (cfg, t)
-    d = triton_gemv.default_config(p, 1)
-    return best[0], best[1], time_us([lambda c=c: triton_gemv.gemv(x, c, out, cfg=d) for c in copies])
+    mod = triton_q8 if act == "int8" else triton_gemv
+
+    def t_of(cfg: triton_gemv.Config, m: int) -> float:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xin = triton_q8.quantize_x(x) if act == "int8" else x
+        out = torch.empty((m, p.n), dtype=x.dtype, device=x.device)
+        try:
+            return time_us([lambda c=c: mod.gemv(xin, c, out, cfg=cfg) for c in copies])
+        except Exception as e:  # a configuration Triton cannot compile: reported, skipped
+            print(f"  {tuple(cfg)} at {m} rows: {type(e).__name__}: {str(e)[:200]}")
+            return float("inf")
+
+    res = []
+    for warps, reps in GRID:
+        for programs in (2, 8, 16):
+            cfg = triton_gemv.Config(128 * warps * reps, warps, programs, 1)
+            res.append((t_of(cfg, 1), cfg))
+    res.sort(key=lambda r: r[0])
+    d1 = mod.default_config(p, 1)
+    at4 = sorted([(t_of(c, 4), c) for _, c in res[:3]], key=lambda r: r[0])
+    return dict(best=res[0], default=(t_of(d1, 1), d1), best4=at4[0], default4=(t_of(d1, 4), d1),
+                all=[(t, tuple(c)) for t, c in res])
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,4,8")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--dump", help="write every sweep timing to this JSON file")
+    p.add_argument("--best", help="write the best configuration at batch 1 per tensor (by weight bytes) "
+                                  "to this JSON file (for KVSERVE_GEMV_TUNING)")
+    p.add_argument("--sweep-act", default="int8", choices=["int8", "float"], help="the kernel --sweep times")
     args = p.parse_args()
+    dump: dict[str, list] = {}
     bw = copy_bandwidth(torch.device("cuda"))
     print_conditions("CUDA quantized GEMV vs bf16 linear (Llama-3-8B Q4_K_M layers)", {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
@@ -102,7 +127,9 @@ def main() -> int:
                   "(>= 256 MiB together, so that each call reads from memory, not from the 50 MB L2)"})
     rng = np.random.default_rng(0)
     rows, sweep_rows = [], []
-    tot = {"quant": 0.0, "bf16": 0.0}
+    segs: list[tuple[str, cuda_pack.Packed, int]] = []  # swept after the table
+    tot = {"float": 0.0, "int8": 0.0, "bf16": 0.0}
+    best: dict[int, tuple] = {}
     dev = torch.device("cuda")
     for name, members, k in LAYERS:
         packs = [random_pack(q, n, k, rng) for q, n in members]
@@ -115,32 +142,49 @@ def main() -> int:
         for m in (int(r) for r in args.rows.split(",")):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             expect = x.float() @ w.float().T
-            err = ((mod(x).float() - expect).abs().max() / expect.abs().max()).item()
-            t_q = time_us([lambda md=md: md(x) for md in mods])
             t_b = time_us([lambda wc=wc: F.linear(x, wc) for wc in ws])
+            row: list = [name, kinds, f"{w.shape[0]}x{k}", m]
+            for act in ("float", "int8"):
+                cuda_linear.ACTIVATIONS = act
+                err = ((mod(x).float() - expect).abs().max() / expect.abs().max()).item()
+                t_q = time_us([lambda md=md: md(x) for md in mods])
+                if m == 1:
+                    tot[act] += t_q * PER_TOKEN.get(name, 32)
+                row += [t_q, qb / (t_q * 1e-6) / bw, f"{err:.1e}"]
             if m == 1:
-                reps = PER_TOKEN.get(name, 32)
-                tot["quant"] += t_q * reps
-                tot["bf16"] += t_b * reps
-            rows.append([name, kinds, f"{w.shape[0]}x{k}", m, t_q, t_b, t_b / t_q, qb / (t_q * 1e-6) / 1e9,
-                         qb / (t_q * 1e-6) / bw, w.nbytes / (t_b * 1e-6) / bw, f"{err:.1e}"])
-        if args.sweep:
-            x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-            for s in mod.segments:
-                pk = s.packed()
-                d = triton_gemv.default_config(pk, 1)
-                cfg, t, t_d = sweep(pk, x)
-                sweep_rows.append([name, f"{pk.bits}-bit gs{pk.gs}", f"{pk.n}x{pk.k}", str(tuple(d)), t_d,
-                                   str(tuple(cfg)), t, pk.nbytes / (t * 1e-6) / bw])
+                tot["bf16"] += t_b * PER_TOKEN.get(name, 32)
+            rows.append(row + [t_b, w.nbytes / (t_b * 1e-6) / bw, t_b / t_q])
+        segs.extend((name, s.packed(), k) for s in mod.segments)
         del w, ws, mod, mods
-    print_table(["layer", "formats", "shape", "rows", "quant µs", "bf16 µs", "bf16/quant", "quant GB/s",
-                 "quant / roofline", "bf16 / roofline", "max rel err"], rows, digits=2)
-    print(f"\n32 layers + head at batch 1, linear layers only: quant {tot['quant'] / 1e3:.3f} ms/token "
-          f"({1e6 / tot['quant']:.0f} tok/s bound), bf16 {tot['bf16'] / 1e3:.3f} ms/token "
-          f"({1e6 / tot['bf16']:.0f} tok/s bound)\n")
+    print_table(["layer", "formats", "shape", "rows", "float-x µs", "float-x / roofline", "float-x max rel err",
+                 "int8-x µs", "int8-x / roofline", "int8-x max rel err", "bf16 µs", "bf16 / roofline",
+                 "bf16 / int8-x"], rows, digits=2)
+    print("\n32 layers + head at batch 1, linear layers only: "
+          + ", ".join(f"{a} {t / 1e3:.3f} ms/token ({1e6 / t:.0f} tok/s bound)" for a, t in
+                      (("quant float-x", tot["float"]), ("quant int8-x", tot["int8"]), ("bf16", tot["bf16"])))
+          + "\n", flush=True)
+    if args.sweep:
+        for name, pk, k in segs:
+            r = sweep(pk, k, args.sweep_act)
+            best[pk.nbytes] = tuple(r["best"][1])
+            if args.best:
+                with open(args.best, "w") as fh:
+                    json.dump(best, fh)
+            mb = pk.nbytes / 2**20
+            (t_d, d), (t, cfg), (t_d4, _), (t4, cfg4) = r["default"], r["best"], r["default4"], r["best4"]
+            sweep_rows.append([name, f"{pk.bits}-bit gs{pk.gs}", f"{pk.n}x{pk.k}", f"{mb:.1f}",
+                               str(tuple(d)), t_d, str(tuple(cfg)), t, pk.nbytes / (t * 1e-6) / bw,
+                               t_d4, str(tuple(cfg4)), t4])
+            print("sweep", sweep_rows[-1], "top 5:", r["all"][:5], flush=True)
+            dump[f"{name} {pk.bits}-bit {pk.n}x{pk.k} {pk.nbytes}"] = r["all"]
+            if args.dump:
+                with open(args.dump, "w") as fh:
+                    json.dump(dump, fh)
     if sweep_rows:
-        print_table(["layer", "layout", "shape", "default (bn, warps, programs)", "default µs", "best",
-                     "best µs", "best / roofline"], sweep_rows, digits=2)
+        print(f"sweep of the {args.sweep_act}-activation kernel\n")
+        print_table(["layer", "layout", "shape", "MiB", "default (bn, warps, programs, stages)", "default µs",
+                     "best at 1 row", "best µs", "best / roofline", "default µs, 4 rows",
+                     "best at 4 rows (of the 3 best at 1)", "µs"], sweep_rows, digits=2)
     return 0
 
 

@@ -5,19 +5,28 @@ Q4_K_M file stores V as Q6_K next to Q4_K Q and K): members of one layout are co
 one segment, and each segment's kernel writes its columns of the shared output. Up to
 ``GEMV_MAX_ROWS`` rows run the dequantizing GEMV (cost ∝ weight bytes, once for all rows); above
 it every segment is dequantized into one bf16 matrix for a cuBLAS GEMM (prefill).
+
+The GEMV's activations (``KVSERVE_GEMV_ACTIVATIONS``): ``int8`` (the default) quantizes x once
+per module to int8 blocks of 32 as llama.cpp's CUDA backend does (``triton_q8``: integer dot
+products, about a quarter of the float32 kernel's instructions per weight); ``float`` keeps x
+in float32 (``triton_gemv``: the dequantized weights applied exactly).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
-from . import triton_gemv
+from . import triton_gemv, triton_q8
 from .cuda_pack import Packed, cat
 
 GEMV_MAX_ROWS = 8
+ACTIVATIONS = os.environ.get("KVSERVE_GEMV_ACTIVATIONS", "int8")
+if ACTIVATIONS not in ("int8", "float"):
+    raise ValueError(f"KVSERVE_GEMV_ACTIVATIONS={ACTIVATIONS!r}: int8 or float")
 
 
 
@@ -70,9 +79,13 @@ class CudaQuantLinear(nn.Module):
         m = x2.shape[0]
         if m <= GEMV_MAX_ROWS:
             y = torch.empty((m, self.out_features), dtype=x.dtype, device=x.device)
+            xq = triton_q8.quantize_x(x2) if ACTIVATIONS == "int8" else None
             for s in self.segments:
                 b = None if self.bias is None else self.bias[s.col : s.col + s.n]
-                triton_gemv.gemv(x2, s.packed(), y[:, s.col : s.col + s.n], b)
+                if xq is not None:
+                    triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
+                else:
+                    triton_gemv.gemv(x2, s.packed(), y[:, s.col : s.col + s.n], b)
         else:
             y = x2.to(torch.bfloat16) @ self.dequantized_t(torch.bfloat16)
             if self.bias is not None:

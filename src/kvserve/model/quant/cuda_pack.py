@@ -22,8 +22,11 @@ order gguf computes — reproduces gguf's own dequantizer bit for bit: nothing i
 Layout, K-major so that a GEMV program reads every tensor as rows of consecutive output columns
 (16-byte loads, one register layout for all of them):
 
-    q   int32 [k·bits/32, n]   word row g·wpg + w (wpg = gs·bits/32) of group g holds, in its
-                               slot i (bits i·bits …), the code of column k = g·gs + i·wpg + w
+    q   int32 [k·bits/32, n]   word row g·wpg + w (wpg = gs·bits/32) of group g holds the codes
+                               of the 32/bits consecutive columns from g·gs + w·32/bits, so that
+                               its bytes pair with 4 consecutive int8 activations: 8-bit codes
+                               in byte order; 4-bit codes low nibbles first (slot i, bits 4·i …,
+                               holds column 8·w + 4·(i mod 2) + i div 2 of the group)
     gw  int32 [k/gs/sub, n]    per group: low 16 bits d (f16 bits) or sc, high 16 bits m or mn;
                                Q6_K (sub = 2): the i8 sc of two consecutive groups
     sw  int32 [k/256, n]       two_level only: low 16 bits D, high 16 bits Dm (f16 bits)
@@ -167,13 +170,24 @@ def _decode(b: torch.Tensor, qtype: Q) -> tuple[torch.Tensor, ...]:
     return u, sc, mn, dd[..., None], -dmin[..., None]
 
 
+def slot_positions(bits: int, gs: int) -> torch.Tensor:
+    """[wpg, 32/bits]: the position in its group of the code in slot i of word w."""
+    cpw, wpg = 32 // bits, gs * bits // 32
+    w = torch.arange(wpg).view(wpg, 1)
+    i = torch.arange(cpw).view(1, cpw)
+    if bits == 4:
+        return w * 8 + (i % 2) * 4 + i // 2
+    return w * 4 + i
+
+
 def _words(u: torch.Tensor, bits: int, gs: int) -> torch.Tensor:
     """u8 codes [n, k] → int32 words [k·bits/32, n] in the slot order of the module docstring."""
     n, k = u.shape
-    cpw, wpg = 32 // bits, gs * bits // 32
-    v = u.view(n, k // gs, cpw, wpg).to(torch.int64)
-    shifts = (torch.arange(cpw, device=u.device, dtype=torch.int64) * bits).view(1, 1, cpw, 1)
-    w = (v << shifts).sum(dim=2).reshape(n, k * bits // 32)  # < 2**32
+    cpw = 32 // bits
+    pos = slot_positions(bits, gs).to(u.device)
+    v = u.view(n, k // gs, gs)[:, :, pos].to(torch.int64)  # [n, groups, wpg, cpw]
+    shifts = (torch.arange(cpw, device=u.device, dtype=torch.int64) * bits).view(1, 1, 1, cpw)
+    w = (v << shifts).sum(dim=3).reshape(n, k * bits // 32)  # < 2**32
     return _i32(w).t().contiguous()
 
 
@@ -220,9 +234,12 @@ def pack(raw: torch.Tensor, qtype: Q, k: int) -> Packed:
 def codes(p: Packed) -> torch.Tensor:
     """u8 codes [n, k] in column order (the inverse of the word layout)."""
     cpw, wpg = 32 // p.bits, p.gs * p.bits // 32
-    w = p.q.t().reshape(p.n, p.k // p.gs, 1, wpg).to(torch.int64) & 0xFFFFFFFF
-    shifts = (torch.arange(cpw, device=p.q.device, dtype=torch.int64) * p.bits).view(1, 1, cpw, 1)
-    return ((w >> shifts) & ((1 << p.bits) - 1)).to(torch.uint8).reshape(p.n, p.k)
+    w = p.q.t().reshape(p.n, p.k // p.gs, wpg, 1).to(torch.int64) & 0xFFFFFFFF
+    shifts = (torch.arange(cpw, device=p.q.device, dtype=torch.int64) * p.bits).view(1, 1, 1, cpw)
+    slots = ((w >> shifts) & ((1 << p.bits) - 1)).to(torch.uint8)  # [n, groups, wpg, cpw]
+    out = torch.empty((p.n, p.k // p.gs, p.gs), dtype=torch.uint8, device=p.q.device)
+    out[:, :, slot_positions(p.bits, p.gs).to(p.q.device)] = slots
+    return out.reshape(p.n, p.k)
 
 
 def _field(v: torch.Tensor, high: bool, kind: str) -> torch.Tensor:

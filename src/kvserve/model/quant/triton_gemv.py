@@ -10,8 +10,10 @@ codes of up to ``BM`` (≤ 4) batch rows, so one read of a weight serves them al
 a float through the exponent trick: ``(word & (mask << s)) | 0x4B000000`` is the float
 2²³ + u·2ˢ (exact for s + bits ≤ 23, else the word is shifted first), the 2ˢ is folded into the
 activation; per group the kernel adds ``scale · Σ u·x + (offset − zero·scale) · Σ x``.
-With several K slices, float32 partials go to a workspace that a second kernel sums (with the
-bias, in the output dtype): no atomics, deterministic, fixed shapes (CUDA-graph capturable).
+With several K slices, float32 partials go to a workspace; the slice that completes its column
+block's count (one atomic counter per block, reset by that slice) sums them in slice order
+and writes the output (with the bias, in its dtype): one launch, deterministic, fixed shapes
+(CUDA-graph capturable). ``triton_q8`` is the same GEMV on int8-quantized activations.
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def _int(v, HIGH: tl.constexpr, SIGNED: tl.constexpr):
 
 
 @triton.jit
+def _kpos(w: tl.constexpr, i: tl.constexpr, BITS: tl.constexpr):
+    """Position in its group of the code in slot ``i`` of word ``w`` (``cuda_pack.slot_positions``)."""
+    if BITS == 4:
+        return w * 8 + (i % 2) * 4 + i // 2
+    return w * 4 + i
+
+
+@triton.jit
 def _xload(x_ptr, m, k, M, stride_xm, valid):
     return tl.load(x_ptr + m * stride_xm + k, mask=valid & (m < M), other=0.0).to(tl.float32)
 
@@ -79,7 +89,7 @@ def _group(x_ptr, q_ptr, grp, rn, lmask, valid, N, M, m0, stride_xm,
                 v = (hi & (MASK << (BITS * i - HI))) | MAGIC
                 f = 1.0 / (1 << (BITS * i - HI))
             c = v.to(tl.float32, bitcast=True) - 8388608.0
-            k = grp * GS + i * WPG + w
+            k = grp * GS + _kpos(w, i, BITS)
             x = _xload(x_ptr, m0, k, M, stride_xm, valid)
             d0 += c * (x * f)
             s0 += x
@@ -98,11 +108,11 @@ def _group(x_ptr, q_ptr, grp, rn, lmask, valid, N, M, m0, stride_xm,
 
 
 @triton.jit
-def _scale(gw, sw, HIGH: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
+def _scale(gw, sw, J: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
            SIGNED: tl.constexpr, SUB: tl.constexpr):
-    """(scale, offset − zero·scale) of the group in half ``HIGH`` (SUB = 2) or of the entry."""
+    """(scale, offset − zero·scale) of group ``J`` of the entry (its half J for SUB = 2)."""
     if TWO_LEVEL:
-        s = _f16(sw, False) * _int(gw, HIGH, SIGNED)
+        s = _f16(sw, False) * _int(gw, J == 1, SIGNED)
         o = -ZERO * s
         if HAS_O:
             o += _f16(sw, True) * _int(gw, True, SIGNED)
@@ -115,20 +125,26 @@ def _scale(gw, sw, HIGH: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constex
 
 
 @triton.jit
-def _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, STEPS,
+def _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, E, stride_xm, stride_ym, STEPS, S,
                BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr):
-    """E: gw entries along K (groups / SUB); each program runs ``STEPS`` of them."""
-    m0 = tl.program_id(0) * BM
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+               BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr, SB: tl.constexpr):
+    """E: gw entries along K (groups / SUB); each of the ``S`` K slices runs ``STEPS`` of them.
+    With ``SPLIT`` every slice writes float32 partials p [S, M, N] and counts itself done on
+    its (batch block, column block) counter; the slice that completes the count sums all
+    partials in slice order (the same sum whichever slice is last), writes y and resets the
+    counter to 0 for the next call."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    m0 = pid_m * BM
+    rn = pid_n * BN + tl.arange(0, BN)
     nmask = rn < N
     pid_s = tl.program_id(2)
     a0 = tl.zeros((BN,), dtype=tl.float32)
     a1 = tl.zeros((BN,), dtype=tl.float32)
     a2 = tl.zeros((BN,), dtype=tl.float32)
     a3 = tl.zeros((BN,), dtype=tl.float32)
-    for t in range(0, STEPS):
+    for t in tl.range(0, STEPS, num_stages=STAGES):
         e = pid_s * STEPS + t
         valid = e < E
         lmask = nmask & valid
@@ -137,19 +153,71 @@ def _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, s
         if TWO_LEVEL:
             sw = tl.load(sw_ptr + ((e * SUB * GS) // _SUPER) * N + rn, mask=lmask, other=0)
         for j in tl.static_range(SUB):
-            d0, d1, d2, d3, s0, s1, s2, s3 = _group(x_ptr, q_ptr, e * SUB + j, rn, lmask, valid, N, M, m0,
-                                                    stride_xm, BITS, GS, BM, BN)
-            sc, off = _scale(gw, sw, j == 1, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB)
+            d0, d1, d2, d3, s0, s1, s2, s3 = _group(x_ptr, q_ptr, e * SUB + j, rn, lmask, valid, N, M,
+                                                    m0, stride_xm, BITS, GS, BM, BN)
+            sc, off = _scale(gw, sw, j, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB)
             a0 += sc * d0 + off * s0
             if BM > 1:
                 a1 += sc * d1 + off * s1
             if BM > 2:
                 a2 += sc * d2 + off * s2
                 a3 += sc * d3 + off * s3
+    _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
+            HAS_BIAS, BM, BN, SPLIT, SB)
+
+
+@triton.jit
+def _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
+            HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr):
+    """Write this program's sums a0…a3 (rows m0…, columns rn): directly, or with ``SPLIT`` as
+    the partials of K slice ``program_id(2)``, the slice completing the count writing y."""
+    if SPLIT:
+        part = p_ptr + tl.program_id(2) * M * N + rn
+        tl.store(part + m0 * N, a0, mask=nmask & (m0 < M))
+        if BM > 1:
+            tl.store(part + (m0 + 1) * N, a1, mask=nmask & (m0 + 1 < M))
+        if BM > 2:
+            tl.store(part + (m0 + 2) * N, a2, mask=nmask & (m0 + 2 < M))
+            tl.store(part + (m0 + 3) * N, a3, mask=nmask & (m0 + 3 < M))
+        tl.debug_barrier()  # every thread's partials are stored before the count is published
+        cnt = c_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if done == S - 1:
+            a0, a1, a2, a3 = _sum_slices(p_ptr, rn, nmask, M, N, m0, S, BM, BN, SB)
+            _store_rows(y_ptr, b_ptr, rn, nmask, M, m0, stride_ym, a0, a1, a2, a3, HAS_BIAS, BM, BN)
+            tl.atomic_xchg(cnt, 0)
+    else:
+        _store_rows(y_ptr, b_ptr, rn, nmask, M, m0, stride_ym, a0, a1, a2, a3, HAS_BIAS, BM, BN)
+
+
+@triton.jit
+def _sum_slices(p_ptr, rn, nmask, M, N, m0, S, BM: tl.constexpr, BN: tl.constexpr, SB: tl.constexpr):
+    """Σ_s p[s, m0 + r, rn] for r < BM, in slice order; SB slices' loads in flight at a time
+    (read past the L1: the other slices' programs wrote them)."""
+    a0 = tl.zeros((BN,), dtype=tl.float32)
+    a1 = tl.zeros((BN,), dtype=tl.float32)
+    a2 = tl.zeros((BN,), dtype=tl.float32)
+    a3 = tl.zeros((BN,), dtype=tl.float32)
+    for s0 in range(0, S, SB):
+        for j in tl.static_range(SB):
+            ok = nmask & (s0 + j < S)
+            src = p_ptr + (s0 + j) * M * N + rn
+            a0 += tl.load(src + m0 * N, mask=ok & (m0 < M), other=0.0, cache_modifier=".cg")
+            if BM > 1:
+                a1 += tl.load(src + (m0 + 1) * N, mask=ok & (m0 + 1 < M), other=0.0, cache_modifier=".cg")
+            if BM > 2:
+                a2 += tl.load(src + (m0 + 2) * N, mask=ok & (m0 + 2 < M), other=0.0, cache_modifier=".cg")
+                a3 += tl.load(src + (m0 + 3) * N, mask=ok & (m0 + 3 < M), other=0.0, cache_modifier=".cg")
+    return a0, a1, a2, a3
+
+
+@triton.jit
+def _store_rows(y_ptr, b_ptr, rn, nmask, M, m0, stride_ym, a0, a1, a2, a3, HAS_BIAS: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr):
     bias = tl.zeros((BN,), dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
-    dst = y_ptr + pid_s * stride_ys + rn
+    dst = y_ptr + rn
     ty = y_ptr.dtype.element_ty
     tl.store(dst + m0 * stride_ym, (a0 + bias).to(ty), mask=nmask & (m0 < M))
     if BM > 1:
@@ -162,50 +230,22 @@ def _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, s
 # Two entry points of one body: Triton's interpreter (the CPU tests) takes loop bounds only as
 # compile-time constants, while on the GPU a run-time bound keeps one compilation per layout.
 @triton.jit
-def _gemv_kernel(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, steps,
-                 BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+def _gemv_kernel(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, E, stride_xm, stride_ym,
+                 steps, S, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                  HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr):
-    _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, steps,
-               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN)
+                 BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, STAGES: tl.constexpr, SB: tl.constexpr):
+    _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, E, stride_xm, stride_ym, steps, S,
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, SPLIT, STAGES, SB)
 
 
 @triton.jit
-def _gemv_kernel_const(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym,
-                       steps: tl.constexpr, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr,
-                       TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, M, N, E, stride_xm, stride_ys, stride_ym, steps,
-               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN)
-
-
-@triton.jit
-def _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-                 SB: tl.constexpr):
-    """y[m, n] = Σ_s p[s, m, n] (+ bias[n]), p float32 [S, M, N] contiguous; SB slices per load."""
-    m = tl.program_id(1)
-    rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = rn < N
-    rs = tl.arange(0, SB)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s0 in range(0, S, SB):
-        ptrs = p_ptr + ((s0 + rs)[:, None] * M + m) * N + rn[None, :]
-        acc += tl.sum(tl.load(ptrs, mask=((s0 + rs) < S)[:, None] & mask[None, :], other=0.0), axis=0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=mask, other=0.0)
-    tl.store(y_ptr + m * stride_ym + rn, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _reduce_kernel(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-                   SB: tl.constexpr):
-    _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS, BLOCK, SB)
-
-
-@triton.jit
-def _reduce_kernel_const(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         BLOCK: tl.constexpr, SB: tl.constexpr):
-    _reduce_body(p_ptr, b_ptr, y_ptr, M, N, stride_ym, S, HAS_BIAS, BLOCK, SB)
+def _gemv_kernel_const(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, E, stride_xm, stride_ym,
+                       steps: tl.constexpr, S: tl.constexpr, BITS: tl.constexpr, GS: tl.constexpr,
+                       ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr, SIGNED: tl.constexpr,
+                       SUB: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                       SPLIT: tl.constexpr, STAGES: tl.constexpr, SB: tl.constexpr):
+    _gemv_body(x_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, E, stride_xm, stride_ym, steps, S,
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, SPLIT, STAGES, SB)
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -243,7 +283,7 @@ def _dequant_kernel(q_ptr, gw_ptr, sw_ptr, w_ptr, N, stride_wk,
                 v = c * s
                 if HAS_O:
                     v = v + o
-                k = grp * GS + i * WPG + w
+                k = grp * GS + _kpos(w, i, BITS)
                 tl.store(w_ptr + k * stride_wk + rn, v.to(w_ptr.dtype.element_ty), mask=nmask)
 
 
@@ -251,18 +291,23 @@ class Config(NamedTuple):
     bn: int  # output columns per program: 4 per thread (one 16-byte load) × 32 × warps × repeats
     warps: int
     programs: int  # aim for about this many programs per multiprocessor (sets the K split)
+    stages: int = 1  # software-pipelining depth of the K loop (``tl.range(num_stages=...)``)
 
 
-# The fastest configurations of ``bench/quant_cuda.py --sweep`` at batch 1 on an H200 for the
-# Llama-3-8B Q4_K_M tensors, by weight bytes: 9-13 MB (Q+K, V, O) want many small programs and
-# K slices; 67-600 MB (gate/up, down, output) wide programs of 16 columns a thread.
+# Fast configurations of ``bench/quant_cuda.py --sweep --sweep-act float`` at batch 1 on an H200
+# for the Llama-3-8B Q4_K_M tensors, by weight bytes: 9-13 MB (Q+K, V, O) one warp of 128
+# columns, 8 programs a multiprocessor, a 2-stage K loop; 67 MB of 4-bit codes (gate/up)
+# programs of 512 columns; 8-bit codes (down, output) one warp, 16 programs (wider column
+# blocks leave few blocks for many K slices, whose partials the last slice sums in turn).
 BIG = 32 << 20
-CONFIGS = {"small": Config(128, 1, 8), "big": Config(4096, 8, 2)}
+CONFIGS = {"small": Config(128, 1, 8, 2), "big4": Config(512, 2, 16), "big8": Config(128, 1, 16)}
 
 
 def default_config(p: Packed, m: int) -> Config:
     """The fixed configuration of a GEMV over ``p`` (any batch rows ``m``: the weight read dominates)."""
-    return CONFIGS["big" if p.nbytes >= BIG else "small"]
+    if p.nbytes < BIG:
+        return CONFIGS["small"]
+    return CONFIGS["big4" if p.bits == 4 else "big8"]
 
 
 _SMS: dict[int, int] = {}
@@ -296,9 +341,25 @@ def split_of(p: Packed, cfg: Config, device: torch.device) -> tuple[int, int]:
     return triton.cdiv(e, steps), steps
 
 
+# Completion counters of split GEMVs, one int32 per (batch block, column block), zero between
+# calls (the last slice of a call resets its counter). Kept per weight tensor, so that GEMVs
+# over different weights never share a counter.
+_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _counters(p: Packed, n: int) -> torch.Tensor:
+    key = (p.q.device, p.q.data_ptr())
+    c = _COUNTERS.get(key)
+    if c is None or c.numel() < n:
+        c = torch.zeros(max(n, 64), dtype=torch.int32, device=p.q.device)
+        _COUNTERS[key] = c
+    return c
+
+
 def gemv(x: torch.Tensor, p: Packed, out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
          cfg: Config | None = None) -> torch.Tensor:
-    """out [M, n] (a view with unit column stride; default new, x's dtype) = x [M, k] @ Wᵀ + bias."""
+    """out [M, n] (a view with unit column stride; default new, x's dtype) = x [M, k] @ Wᵀ + bias.
+    One launch: with several K slices the last one to finish sums the partials (``_gemv_body``)."""
     m, k = x.shape
     assert k == p.k and x.stride(1) == 1
     if out is None:
@@ -309,19 +370,15 @@ def gemv(x: torch.Tensor, p: Packed, out: torch.Tensor | None = None, bias: torc
     bias_t = bias if bias is not None else out
     sw = p.sw if p.sw is not None else p.gw
     grid = (triton.cdiv(m, bm), triton.cdiv(p.n, cfg.bn), splits)  # batch blocks first: they share weights in L2
-    meta = dict(_meta(p), BM=bm, BN=cfg.bn, num_warps=cfg.warps)
-    kernel, reduce = (_gemv_kernel_const, _reduce_kernel_const) if _INTERPRET else (_gemv_kernel, _reduce_kernel)
-    if splits == 1:
-        kernel[grid](x, p.q, p.gw, sw, bias_t, out, m, p.n, entries(p), x.stride(0), 0, out.stride(0), steps,
-                     HAS_BIAS=bias is not None, **meta)
-        return out
-    part = torch.empty((splits, m, p.n), dtype=torch.float32, device=x.device)
-    kernel[grid](x, p.q, p.gw, sw, bias_t, part, m, p.n, entries(p), x.stride(0), m * p.n, p.n, steps,
-                 HAS_BIAS=False, **meta)
-    block = 128  # many small programs, each with up to 32 slices' loads in flight
-    sb = min(32, triton.next_power_of_2(splits))
-    reduce[(triton.cdiv(p.n, block), m)](part, bias_t, out, m, p.n, out.stride(0), splits,
-                                         HAS_BIAS=bias is not None, BLOCK=block, SB=sb, num_warps=4)
+    kernel = _gemv_kernel_const if _INTERPRET else _gemv_kernel
+    if splits > 1:
+        part = torch.empty((splits, m, p.n), dtype=torch.float32, device=x.device)
+        cnt = _counters(p, grid[0] * grid[1])
+    else:
+        part, cnt = out, p.gw  # not read
+    kernel[grid](x, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, entries(p), x.stride(0), out.stride(0),
+                 steps, splits, HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, SPLIT=splits > 1,
+                 STAGES=cfg.stages, SB=min(8, triton.next_power_of_2(splits)), num_warps=cfg.warps, **_meta(p))
     return out
 
 

@@ -1,0 +1,98 @@
+"""The int8-activation GEMV (``triton_q8``) under Triton's interpreter on the CPU (compiled on a
+GPU): activations quantized as the torch definition does, the GEMV equal to its torch
+reference (exact integer dot products) for every layout, batch rows, K slices and masked
+edges, and within int8 rounding of the float32 GEMV."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("no GPU and the Triton interpreter is off", allow_module_level=True)
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+from kvserve.model.quant import cuda_pack as P  # noqa: E402
+from kvserve.model.quant import triton_gemv as T  # noqa: E402
+from kvserve.model.quant import triton_q8 as Q8  # noqa: E402
+from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
+
+from .test_quant import random_blocks  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def packed(qtype: Q, n: int, k: int, seed: int = 0) -> P.Packed:
+    return P.pack(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)).to(DEV), qtype, k)
+
+
+def test_quantize_x_matches_the_reference():
+    gen = torch.Generator().manual_seed(3)
+    x = (torch.randn(3, 544, generator=gen) * torch.logspace(-3, 2, 544)).to(DEV).to(torch.bfloat16)
+    x[1, 32:64] = 0  # an all-zero block: scale 0, codes 0
+    got, ref = Q8.quantize_x(x), Q8.quantize_x_reference(x)
+    codes = got.q.view(torch.int8).view(3, 544).int()
+    expect = ref.q.view(torch.int8).view(3, 544).int()
+    assert codes.abs().max() <= 127 and (codes[1, 32:64] == 0).all() and (got.d[1, 1] == 0)
+    # the GPU may round a tie the other way: at most one step, rarely
+    assert (codes - expect).abs().max() <= 1 and (codes != expect).float().mean() < 1e-3
+    assert torch.allclose(got.d, ref.d, rtol=1e-6, atol=0)
+    assert torch.allclose(got.s, ref.s, rtol=1e-5, atol=1e-6 * float(ref.s.abs().max()))
+
+
+CASES = [(Q.Q4_K, 80, 512), (Q.Q6_K, 72, 512), (Q.Q4_0, 33, 96), (Q.Q8_0, 17, 160), (Q.Q5_K, 20, 256),
+         (Q.Q4_1, 24, 64), (Q.Q5_0, 9, 96), (Q.Q5_1, 12, 64)]
+RUNS = [(1, None), (3, T.Config(64, 2, 1)), (9, T.Config(512, 4, 0))]
+
+
+@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_gemv_equals_its_reference(qtype, n, k):
+    p = packed(qtype, n, k, seed=7)
+    gen = torch.Generator().manual_seed(1)
+    for m, cfg in RUNS:
+        x = torch.randn(m, k, generator=gen).to(DEV)
+        bias = torch.randn(n, generator=gen).to(DEV)
+        xq = Q8.quantize_x(x)
+        y = Q8.gemv(xq, p, torch.empty(m, n, device=DEV), bias=bias, cfg=cfg)
+        expect = Q8.reference(xq, p) + bias
+        assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item()), (m, cfg)
+        # against float32 activations: apart by at most the rounding of x to int8 (half a step
+        # of its block's scale per element), weighted by |w|
+        w = P.reference(p)
+        exact = x @ w.T + bias
+        bound = (xq.d.repeat_interleave(32, dim=1) / 2) @ w.abs().T
+        assert ((y - exact).abs() <= bound * 1.001 + 1e-4 * exact.abs().max()).all(), (m, cfg)
+
+
+def test_split_gemv_resets_its_counters():
+    p = packed(Q.Q6_K, 16, 1024, seed=8)
+    cfg = T.Config(16, 4, 2)
+    assert T.split_of(p, cfg, DEV)[0] > 1
+    xq = Q8.quantize_x(torch.randn(2, 1024).to(DEV))
+    one = Q8.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=T.Config(16, 4, 0))
+    first = Q8.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg)
+    assert torch.allclose(first, one, rtol=1e-5, atol=1e-4)
+    assert int(T._counters(p, 1).abs().sum()) == 0
+    assert torch.equal(Q8.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg), first)
+
+
+def test_module_runs_int8_activations_when_asked(monkeypatch):
+    k = 256
+    packs = [packed(q, n, k, seed=i) for i, (q, n) in enumerate([(Q.Q4_K, 32), (Q.Q6_K, 16)])]
+    mod = CudaQuantLinear(packs, None, DEV)
+    x = torch.randn(2, k, device=DEV)
+    w = torch.cat([P.reference(p) for p in packs])
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "int8")
+    xq = Q8.quantize_x(x)
+    expect = torch.cat([Q8.reference(xq, p) for p in packs], dim=1)
+    y8 = mod(x)
+    assert torch.allclose(y8, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item())
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "float")
+    y = mod(x)
+    assert torch.allclose(y, x @ w.T, rtol=1e-4, atol=1e-4 * y.abs().max().item()) and not torch.equal(y, y8)
