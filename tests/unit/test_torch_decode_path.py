@@ -26,6 +26,8 @@ def test_seq_keys_read_matches_row_gather():
         assert (keys.pages is None) == (table[:n_pages] == tuple(range(table[0], table[0] + n_pages)))
         rows = torch.tensor([table[p // ps] * ps + p % ps for p in range(n)])
         assert torch.equal(keys.read(cache), cache.index_select(0, rows))
+        both = torch.stack([cache, -cache])  # K and V side by side, as the KV pool holds them
+        assert torch.equal(keys.read(both), both.index_select(1, rows))
 
 
 def _decode_logits(

@@ -219,11 +219,12 @@ class SeqKeys:
     pages: torch.Tensor | None = None
 
     def read(self, cache: torch.Tensor) -> torch.Tensor:
-        """[n, Hkv, D] of ``cache`` [rows, Hkv, D]."""
+        """[..., n, Hkv, D] of ``cache`` [..., rows, Hkv, D] (K, V, or both side by side)."""
         if self.pages is None:
-            return cache[self.start : self.start + self.n]
-        x = cache.view(-1, self.page_size, cache.shape[1], cache.shape[2]).index_select(0, self.pages)
-        return x.view(-1, cache.shape[1], cache.shape[2])[: self.n]
+            return cache.narrow(-3, self.start, self.n)
+        *lead, rows, h, d = cache.shape
+        x = cache.view(*lead, rows // self.page_size, self.page_size, h, d)
+        return x.index_select(len(lead), self.pages).view(*lead, -1, h, d).narrow(-3, 0, self.n)
 
     @staticmethod
     def of(page_table: tuple[int, ...], n: int, page_size: int, device: torch.device) -> SeqKeys:
@@ -238,18 +239,17 @@ class SeqKeys:
 
 
 def one_query_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, keys: SeqKeys, scale: float,
-    dtype: torch.dtype, scratch: Scratch,
+    q: torch.Tensor, kv_cache: torch.Tensor, keys: SeqKeys, scale: float, dtype: torch.dtype,
+    scratch: Scratch,
 ) -> torch.Tensor:
     """One query token q [1, H, D] over one sequence's keys (all visible: a decode step of one
-    sequence whose keys are all in the layer's window), computed in ``dtype``: the same softmax
-    attention as SDPA in three operations (scaled scores in one GEMM, softmax, the weighted
-    sum), with K and V read once and converted in this step's buffers. Returns [1, H, D]
-    in ``dtype``."""
+    sequence whose keys are all in the layer's window) in a layer's K and V side by side
+    (``kv_cache`` [2, rows, Hkv, D]), computed in ``dtype``: the same softmax attention as SDPA
+    in three operations (scaled scores in one GEMM, softmax, the weighted sum), with K and V read
+    and converted together in this step's buffers. Returns [1, H, D] in ``dtype``."""
     _, h, d = q.shape
-    hkv = k_cache.shape[1]
-    k = scratch.up("k", keys.read(k_cache), dtype)  # [L, Hkv, D]
-    v = scratch.up("v", keys.read(v_cache), dtype)
+    hkv = kv_cache.shape[2]
+    k, v = scratch.up("kv", keys.read(kv_cache), dtype).unbind(0)  # [L, Hkv, D] each
     qd = scratch.up("q", q, dtype).view(hkv, h // hkv, d)
     s = scratch.get("s", (hkv, h // hkv, keys.n), dtype, q.device)
     s = torch.baddbmm(s, qd, k.permute(1, 2, 0), beta=0.0, alpha=scale)  # [Hkv, G, L]

@@ -1,6 +1,6 @@
 """The paged KV pool: the only place KV tensors live.
 
-Layout per K and V: one tensor [n_layer, n_pages * page_size, n_head_kv, head_dim]. Row
+Layout per K and V: [n_layer, n_pages * page_size, n_head_kv, head_dim] (views of one tensor). Row
 ``page * page_size + r`` holds the token at row r of that page. Page bookkeeping (who owns which
 page, what it caches) is pure Python in ``kvserve.cache``; this class only moves numbers.
 Memory is allocated with ``torch.empty``: pages never written are never touched, so resident
@@ -29,13 +29,15 @@ class PagedKVStore:
         self.dtype = dtype
         self.device = device
         self.scratch_page = n_pages
-        shape = (cfg.n_layer, (n_pages + 1) * page_size, cfg.n_head_kv, cfg.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        scratch = slice(n_pages * page_size, (n_pages + 1) * page_size)
-        self.k[:, scratch].zero_()
-        self.v[:, scratch].zero_()
+        # K and V of a layer side by side in one allocation ([n_layer, 2, rows, Hkv, D]): ``k`` and
+        # ``v`` are views with the layout above (each layer's K, or V, contiguous), and one copy or
+        # gather of ``kv_layers[layer]`` moves both (the CPU decode step reads them together)
+        rows = (n_pages + 1) * page_size
+        self.kv = torch.empty((cfg.n_layer, 2, rows, cfg.n_head_kv, cfg.head_dim), dtype=dtype, device=device)
+        self.k, self.v = self.kv[:, 0], self.kv[:, 1]
+        self.kv[:, :, n_pages * page_size :].zero_()
         self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)  # per-layer views
+        self.kv_layers = self.kv.unbind(0)  # [2, rows, Hkv, D] per layer
 
     @property
     def bytes_per_page(self) -> int:

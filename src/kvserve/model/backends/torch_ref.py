@@ -110,7 +110,7 @@ class TorchStep(AttentionStep):
         wide = self.wide and q.dtype == torch.float32
         if self._one is not None:
             dt = torch.float64 if wide else q.dtype
-            o = one_query_attention(q, kc, vc, self._one, be.attn_scale, dt, self._scratch)
+            o = one_query_attention(q, be.kv_layers[layer], self._one, be.attn_scale, dt, self._scratch)
             if o.dtype == q.dtype:
                 return o
             # rounded into a buffer of the step: the caller's output projection reads it at once
@@ -134,7 +134,7 @@ class TorchBackend(AttentionBackend):
         self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.n_layer)]
         self.layer_window = [cfg.layer_window(i) for i in range(cfg.n_layer)]
         self.attn_scale = cfg.attn_scale
-        self.k_layers, self.v_layers = kv.k_layers, kv.v_layers
+        self.k_layers, self.v_layers, self.kv_layers = kv.k_layers, kv.v_layers, kv.kv_layers
         self.min_window = min((w for w in self.layer_window if w > 0), default=0)
 
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
