@@ -63,6 +63,16 @@ def apply_rope_full(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: Ro
     return (x * c).add_(rot.mul_(s))
 
 
+def apply_rope_full_(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    """``apply_rope_full`` in place: x is overwritten with the same bits."""
+    if style == "neox":
+        h = x.shape[-1] // 2
+        rot = torch.cat([x[..., h:], x[..., :h]], -1)
+    else:
+        rot = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x.mul_(c).add_(rot.mul_(s))
+
+
 def rope_shift(
     keys: torch.Tensor, delta: int, rope_dim: int, base: float, scale: float, style: RopeStyle
 ) -> torch.Tensor:

@@ -28,7 +28,7 @@ from ..config import ModelConfig
 from ..kv_store import PagedKVStore
 from ..quant import native
 from ..quant.linear import GEMV_MAX_ROWS
-from ..rope import RopeTables, apply_rope, apply_rope_full
+from ..rope import RopeTables, apply_rope, apply_rope_full, apply_rope_full_
 from .base import AttentionBackend, AttentionStep, StepSeq
 
 
@@ -49,7 +49,8 @@ WIDE_MAX_ROWS = WIDE_MAX_KEYS if native.available() else GEMV_MAX_ROWS
 
 class TorchStep(AttentionStep):
     def __init__(
-        self, be: TorchBackend, meta: AttnMeta, wide: bool = False, one: SeqKeys | None = None, pos: int = -1
+        self, be: TorchBackend, meta: AttnMeta, wide: bool = False, one: SeqKeys | None = None, pos: int = -1,
+        row: int = -1,
     ) -> None:
         self.cfg = be.cfg
         self.kv = be.kv
@@ -63,8 +64,10 @@ class TorchStep(AttentionStep):
         # the generic path's masks, padding and batch-row gathers; ``meta`` then has no groups.
         self._one = one
         self._pos = pos  # that token's position
+        self._row = row  # and its KV row
 
-    def _rope(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def _rope(self, layer: int, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """x rotated (``inplace``: x itself, overwritten)."""
         be = self._be
         key = be.layer_rope[layer]
         t = self._tables.get(key)
@@ -81,19 +84,27 @@ class TorchStep(AttentionStep):
                 t = ("half", be.rope.cos[key].index_select(0, pos), be.rope.sin[key].index_select(0, pos))
             self._tables[key] = t
         if t[0] == "full" and x.dtype == torch.float32 and x.shape[-1] == t[1].shape[-1]:
-            return apply_rope_full(x, t[1], t[2], self.cfg.rope_style)
+            return (apply_rope_full_ if inplace else apply_rope_full)(x, t[1], t[2], self.cfg.rope_style)
         if t[0] == "full":  # (a layer of another dtype than the one that built the tables)
             pos = self.positions
             t = ("half", be.rope.cos[key].index_select(0, pos), be.rope.sin[key].index_select(0, pos))
-        return apply_rope(x, t[1], t[2], self.cfg.rope_style)
+        out = apply_rope(x, t[1], t[2], self.cfg.rope_style)
+        return x.copy_(out) if inplace else out
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._attend(layer, self._rope(layer, q), self._rope(layer, k), v)
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
-        """q and k rotated together (one set of elementwise ops for both: the same values)."""
+        """q and k rotated together (one set of elementwise ops for both: the same values). One
+        token of one sequence: rotated in place in the projection's output, where k and v then
+        lie side by side and go into the pool's row in one copy."""
         t = qkv.shape[0]
         x = qkv.view(t, n_head + 2 * n_head_kv, -1)
+        if self._one is not None:
+            self._rope(layer, x[:, : n_head + n_head_kv], inplace=True)
+            kv = x[:, n_head:].view(1, 2, n_head_kv, x.shape[-1]).transpose(0, 1)  # [2, 1, Hkv, D]
+            self._be.kv_layers[layer].narrow(1, self._row, 1).copy_(kv)
+            return self._attention(layer, x[:, :n_head])
         qk = self._rope(layer, x[:, : n_head + n_head_kv])
         return self._attend(layer, qk[:, :n_head], qk[:, n_head:], x[:, n_head + n_head_kv :])
 
@@ -107,6 +118,11 @@ class TorchStep(AttentionStep):
             sc = self._scratch
             kc.index_copy_(0, self.meta.write_rows, sc.get("kw", tuple(k.shape), kc.dtype, k.device).copy_(k))
             vc.index_copy_(0, self.meta.write_rows, sc.get("vw", tuple(v.shape), vc.dtype, v.device).copy_(v))
+        return self._attention(layer, q)
+
+    def _attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Attention of q over the pool (this step's K/V written)."""
+        be = self._be
         wide = self.wide and q.dtype == torch.float32
         if self._one is not None:
             dt = torch.float64 if wide else q.dtype
@@ -160,4 +176,4 @@ class TorchBackend(AttentionBackend):
         meta = AttnMeta(positions=t[1:2], write_rows=t[2:3], page_size=ps)
         keys = SeqKeys.of(s.page_table, n_keys, ps, self.device)
         wide = self.device.type == "cpu" and 1 <= WIDE_MAX_ROWS and n_keys <= WIDE_MAX_KEYS
-        return t[0:1], TorchStep(self, meta, wide, keys, pos)
+        return t[0:1], TorchStep(self, meta, wide, keys, pos, row)
