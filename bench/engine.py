@@ -11,6 +11,7 @@ torch.cuda.max_memory_allocated.
     python bench/engine.py --synth llama3-8b --device cuda --dtype bf16
     python bench/engine.py --model path/to/file.gguf
     python bench/engine.py --prefill 32,64 --ctx 64 --batches 1,4 --steps 4   # quick check
+    python bench/engine.py --split --batches 1,8 --ctx 128 --cpu-time --threads 1  # outside the matmuls
     python bench/engine.py --synth llama3-8b:n_layer=8 --synth-qtype Q4_K_M --device cuda --weights both
 
 ``--synth SHAPE`` writes a random-weight GGUF of that shape once (``--synth-dir``) and reuses it.
@@ -348,6 +349,71 @@ def profile_model(name: str, path: str, args: argparse.Namespace) -> None:
     del b, loaded
 
 
+def _memoize_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Replace every linear layer's forward (modules whose class name ends in ``Linear``: dense,
+    int4 and native layouts alike) by one that returns its first output per input shape: the
+    step then runs everything but the matrix products. Returns the patched modules."""
+    patched = []
+    for m in model.modules():
+        if type(m).__name__.endswith("Linear"):
+            fwd, memo = m.forward, {}
+
+            def cached(x: torch.Tensor, fwd=fwd, memo=memo) -> torch.Tensor:
+                key = tuple(x.shape)
+                if key not in memo:
+                    memo[key] = fwd(x)
+                return memo[key]
+
+            m.forward = cached  # type: ignore[method-assign]
+            patched.append(m)
+    return patched
+
+
+def _aten_calls(step: Callable[[], None], n: int) -> float:
+    """torch calls (aten ops, nested ones included) per call of ``step`` (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(n):
+            step()
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / n
+
+
+def split_model(name: str, path: str, args: argparse.Namespace) -> None:
+    """Decode steps with and without their linear layers (outputs memoized): the time outside
+    the matrix products, alternating the two settings ``--reps`` times (medians)."""
+    device = torch.device(args.device)
+    loaded = load_gguf(path, dtype=DTYPES[args.dtype], device=device)
+    b = Bench(loaded, args)
+    rows = []
+    for bs in args.batches:
+        full, rest, calls, calls_rest = [], [], 0.0, 0.0
+        for rep in range(args.reps):
+            for memo in (False, True):
+                patched = _memoize_linears(loaded.model) if memo else []
+                step = b.decode_setup(bs)
+                for _ in range(args.warmup_steps):
+                    step()
+                ts = []
+                for _ in range(args.steps):
+                    t0 = b.clock()
+                    step()
+                    sync(device)
+                    ts.append(b.clock() - t0)
+                (rest if memo else full).append(statistics.median(ts) * 1e3)
+                if rep == 0:
+                    n = _aten_calls(b.decode_setup(bs), 4)
+                    calls_rest, calls = (n, calls) if memo else (calls_rest, n)
+                for m in patched:
+                    del m.forward  # the class's forward again
+        f, r = statistics.median(full), statistics.median(rest)
+        rows.append([name, bs, f, r, f - r, r / f, calls, calls_rest])
+    head = ["model", "batch", "step ms", "without linear layers ms", "linear layers ms", "share outside",
+            "aten calls/step", "aten calls/step outside"]
+    print_table(head, rows, digits=2)
+    del b, loaded
+
+
 def models_from_args(args: argparse.Namespace) -> list[tuple[str, str]]:
     from kvserve.model.files import default_model_path, gemma3_270m_path
 
@@ -405,6 +471,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
     p.add_argument("--kernels", action="store_true",
                    help="CUDA: after the first decode batch, its GPU kernels per step (torch.profiler)")
+    p.add_argument("--split", action="store_true",
+                   help="instead of throughput: decode steps (--batches) with and without their linear "
+                        "layers (outputs memoized), i.e. the cost outside the matrix products, and aten "
+                        "calls per step")
     p.add_argument("--profile", action="store_true",
                    help="instead of throughput: per-step host vs GPU time and top host costs "
                         "(prefill at --prefill lengths, decode at --batches)")
@@ -447,7 +517,9 @@ def main(argv: list[str] | None = None) -> int:
             "CUDA graphs": "off" if os.environ.get("KVSERVE_CUDA_GRAPHS") == "0" else "decode steps (CUDA, triton)",
             "CPU attention": {"default": "the tree's default", "both": "float64 and float32, one row each"}
             .get(args.cpu_attention, args.cpu_attention),
-            "mode": "profile (per-step host vs GPU time)" if args.profile else "throughput",
+            "mode": "profile (per-step host vs GPU time)" if args.profile
+                    else "split (decode steps with and without their linear layers)" if args.split
+                    else "throughput",
             "clock": "process CPU time" if args.cpu_time else "wall time",
             "token ids": "uniform random, seed 0 (no sampling: speed does not depend on values)",
         },
@@ -455,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         for n, p in models:
             profile_model(n, p, args)
+        return 0
+    if args.split:
+        for n, p in models:
+            split_model(n, p, args)
         return 0
     layouts = ["quant", "dense"] if args.weights == "both" else [args.weights]
     attns = {"both": ["f64", "f32"], "default": [None]}.get(args.cpu_attention, [args.cpu_attention])
