@@ -145,7 +145,9 @@ class Bench:
         self.s_pages = pages(args.ctx + args.steps + args.warmup_steps)
         n_pages = self.p_pages + self.c_pages + self.s_pages * max(args.batches or [1])
         kw = {"max_batch": max(args.batches or [1])} if "max_batch" in inspect.signature(ModelRunner).parameters else {}
-        self.runner = ModelRunner(loaded, n_pages, ps, None, args.ubatch, **kw)  # (older trees: no max_batch)
+        kv_dtype = DTYPES[args.kv_dtype] if getattr(args, "kv_dtype", None) else None  # None: --dtype
+        # (older trees: no max_batch)
+        self.runner = ModelRunner(loaded, n_pages, ps, kv_dtype, args.ubatch, **kw)
         # --cpu-time: process CPU seconds instead of wall time (steadier on a shared CPU machine)
         self.clock = time.process_time if args.cpu_time else time.perf_counter
         self.device = loaded.device
@@ -471,6 +473,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
     p.add_argument("--kernels", action="store_true",
                    help="CUDA: after the first decode batch, its GPU kernels per step (torch.profiler)")
+    p.add_argument("--kv-dtype", default=None, choices=sorted(DTYPES),
+                   help="KV pool dtype (default: --dtype; the server's default cache type is f16)")
     p.add_argument("--split", action="store_true",
                    help="instead of throughput: decode steps (--batches) with and without their linear "
                         "layers (outputs memoized), i.e. the cost outside the matrix products, and aten "
@@ -504,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             "models": ", ".join(n for n, _ in models),
             "device": dev,
             "torch": torch.__version__,
-            "dtype (activations and KV)": args.dtype,
+            "dtype (activations and KV)": args.dtype + (f", KV {args.kv_dtype}" if args.kv_dtype else ""),
             "weights": args.weights,
             "prefill": f"one sequence, lengths {args.prefill}, logits last, micro-batch {args.ubatch}, "
                        f"median of {args.reps} after 1 warm-up",
