@@ -144,14 +144,16 @@ def paged_attention(
     meta: AttnMeta,
     window: int,
     scale: float,
+    kv_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D]; k_cache/v_cache [rows, Hkv, D] of one layer (this pass's K/V already written).
+    """q [T, H, D]; k_cache/v_cache [rows, Hkv, D] of one layer (this pass's K/V already written);
+    ``kv_cache``: both side by side, [2, rows, Hkv, D], where the pool holds them so.
 
     Query at position p sees keys at positions j with j <= p and, when window > 0, p - j < window.
     """
     only = meta.decode[0] if not meta.prefill and len(meta.decode) == 1 else None
     if only is not None and only.whole and only.shared_rows is None:  # a decode-only step
-        return _padded_decode(q, k_cache, v_cache, only, window, scale)
+        return _padded_decode(q, k_cache, v_cache, only, window, scale, kv_cache)
     out = torch.empty_like(q)
     ps = meta.page_size
     for s in meta.prefill:
@@ -177,7 +179,7 @@ def paged_attention(
         if d.shared_rows is not None:
             o = _cascade_decode(q, k_cache, v_cache, d, window, scale)
         else:
-            o = _padded_decode(q, k_cache, v_cache, d, window, scale)
+            o = _padded_decode(q, k_cache, v_cache, d, window, scale, kv_cache)
         out.index_copy_(0, d.batch_idx, o)
     return out
 
@@ -278,13 +280,18 @@ def _gather(cache: torch.Tensor, d: DecodeGroup, dtype: torch.dtype) -> torch.Te
 
 
 def _padded_decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: DecodeGroup, window: int, scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: DecodeGroup, window: int, scale: float,
+    kv_cache: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    b = d.kv_rows.shape[0]
+    b, lmax = d.kv_rows.shape
     _, h, hd = q.shape
     hkv = k_cache.shape[1]
     qd = (q if d.whole else q.index_select(0, d.batch_idx)).view(b, hkv, h // hkv, hd)
-    k, v = _gather(k_cache, d, q.dtype), _gather(v_cache, d, q.dtype)
+    if kv_cache is not None:  # K and V side by side: gathered and converted together
+        x = _up(kv_cache.index_select(1, d.flat_rows), q.dtype)
+        k, v = x.view(2, b, lmax, hkv, hd).transpose(2, 3).unbind(0)
+    else:
+        k, v = _gather(k_cache, d, q.dtype), _gather(v_cache, d, q.dtype)
     o = F.scaled_dot_product_attention(qd, k, v, attn_mask=d.sdpa_mask(window), scale=scale)
     return o.reshape(b, h, hd)
 

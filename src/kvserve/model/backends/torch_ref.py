@@ -133,7 +133,7 @@ class TorchStep(AttentionStep):
             return self._scratch.get("o", tuple(o.shape), q.dtype, o.device).copy_(o)
         o = paged_attention(
             q.double() if wide else q.contiguous(), be.k_layers[layer], be.v_layers[layer], self.meta,
-            be.layer_window[layer], be.attn_scale,
+            be.layer_window[layer], be.attn_scale, be.kv_layers[layer],
         )
         return o.to(q.dtype) if wide else o
 
