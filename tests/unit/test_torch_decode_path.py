@@ -70,3 +70,23 @@ def test_one_sequence_decode_matches_generic_path(arch, window, kv_dtype, wide, 
                 assert torch.equal(g, w), (table, i, (g - w).abs().max().item())
             else:
                 torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_is_f_rms_norm_bit_for_bit():
+    """``layers.RMSNorm`` on the CPU runs F.rms_norm's arithmetic in fewer calls: the same bits
+    (row lengths, eps, one row or many, with the residual add before it)."""
+    import torch.nn.functional as F
+
+    from kvserve.model.layers import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    for n, eps in [(576, 1e-5), (896, 1e-6), (64, 1e-6), (640, 1e-8)]:
+        norm = RMSNorm(n, eps)
+        norm.weight.data = torch.rand(n, generator=g) + 0.5
+        for t in (1, 3, 64):
+            x, r = torch.randn(t, n, generator=g) * 3, torch.randn(t, n, generator=g)
+            out, s = norm(x, r)
+            assert torch.equal(s, x + r)
+            assert torch.equal(out, F.rms_norm(x + r, (n,), norm.weight, eps))
+            x = torch.randn(t, 4, n, generator=g) * 1e-3  # eps matters here
+            assert torch.equal(norm(x), F.rms_norm(x, (n,), norm.weight, eps))

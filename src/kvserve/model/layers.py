@@ -21,6 +21,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
         self.eps = eps
+        self._consts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, device) → (n, eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
         if residual is None:
@@ -36,8 +37,16 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32:
             # F.rms_norm's arithmetic (bit for bit) in fewer operations: on the CPU it runs as a
             # composite of ~14 aten calls, and a decode step's cost is mostly per-call overhead
-            # (mean on the CPU is this sum and division, which F.rms_norm calls through it)
-            r = torch.sum(x * x, -1, keepdim=True).div_(x.shape[-1]).add_(self.eps).rsqrt_()
+            # (mean on the CPU is this sum and division, which F.rms_norm calls through it). The
+            # row length and eps as 0-dim float32 tensors: the same operands a Python number
+            # becomes, without the four aten calls that convert one on every in-place op
+            c = self._consts.get((x.dtype, x.device))
+            if c is None:
+                c = self._consts[(x.dtype, x.device)] = (
+                    torch.tensor(float(x.shape[-1]), dtype=x.dtype, device=x.device),
+                    torch.tensor(self.eps, dtype=x.dtype, device=x.device),
+                )
+            r = torch.sum(x * x, -1, keepdim=True).div_(c[0]).add_(c[1]).rsqrt_()
             return torch.mul(x, r).mul_(self.weight)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
