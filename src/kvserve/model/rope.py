@@ -59,7 +59,7 @@ def apply_rope_full(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: Ro
         h = x.shape[-1] // 2
         rot = torch.cat([x[..., h:], x[..., :h]], -1)
     else:
-        rot = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        rot = x.view(*x.shape[:-1], -1, 2).flip(-1).view(x.shape)
     return (x * c).add_(rot.mul_(s))
 
 
@@ -69,7 +69,7 @@ def apply_rope_full_(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: R
         h = x.shape[-1] // 2
         rot = torch.cat([x[..., h:], x[..., :h]], -1)
     else:
-        rot = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        rot = x.view(*x.shape[:-1], -1, 2).flip(-1).view(x.shape)
     return x.mul_(c).add_(rot.mul_(s))
 
 
