@@ -13,6 +13,12 @@ memory, as in a real prefill). That crossover is ``quant.linear.GEMV_MAX_ROWS``.
     python bench/quant_linear.py --rows 1,512 --threads 2
     python bench/quant_linear.py --model model.gguf --prefill 32,48,64,96,128
     python bench/quant_linear.py --kernel-dtypes --rows 1,4   # the int4 kernel per activation dtype
+    python bench/quant_linear.py --native --model model.gguf --rows 1,4,16,128,512
+
+``--native``: every distinct linear layer of the model (the modules the loader builds, fused as
+they run) on the native kernels (``quant.native``) against the same tensors on the int4 layout
+(``KVSERVE_NATIVE=0``; Q6_K and other formats without one are bf16 dense there), both loaded in
+this process and timed alternately (CPU time, weights warm in cache): robust to machine load.
 
 ``--kernel-dtypes``: the int4 kernel itself with bf16, float16 and float32 activations (scales and
 offsets in the same dtype; the output comes in it too), against an exact float64 product: ms per
@@ -83,6 +89,49 @@ def model_crossover(path: str, lengths: list[int], threads: int) -> None:
     print_table(["prompt tokens", "int4 kernel", "dequantize + GEMM"], out, digits=0)
 
 
+def native_vs_int4(path: str, rows: list[int], threads: int) -> None:
+    from kvserve.model.loader import load_gguf
+    from kvserve.model.quant import native
+
+    if not native.available():
+        raise SystemExit(native.unavailable_reason())
+    old = os.environ.get("KVSERVE_NATIVE")
+    os.environ["KVSERVE_NATIVE"] = "0"
+    int4_model = load_gguf(path)
+    os.environ["KVSERVE_NATIVE"] = "1"
+    nat_model = load_gguf(path)
+    if old is None:
+        del os.environ["KVSERVE_NATIVE"]
+    else:
+        os.environ["KVSERVE_NATIVE"] = old
+    print_conditions("linear layers: native kernels vs the int4 layout, same process (CPU)", {
+        "model": os.path.basename(path), "torch": torch.__version__, "threads": threads,
+        "native kernels": native.isa_name(native.best_isa()),
+        "load average (1, 5, 15 min)": " ".join(f"{v:.1f}" for v in os.getloadavg()),
+        "timing": "process CPU time per call / threads, the two alternating per cell; weights warm in cache",
+        "cells": "ms per call; ratio = int4 ms / native ms (> 1: native faster)"})
+    seen: set[tuple] = set()
+    out = []
+    for name, mod in nat_model.model.named_modules():
+        if not isinstance(mod, native.NativeLinear):
+            continue
+        key = (name.rpartition(".")[2], mod.in_features, mod.out_features, tuple(mod.qtypes))
+        if key in seen:
+            continue
+        seen.add(key)
+        other = int4_model.model.get_submodule(name)
+        for m in rows:
+            x = torch.randn(m, mod.in_features)
+            tn, ti = [], []
+            for _ in range(2):
+                tn.append(cpu_ms(lambda: mod(x), min_s=0.15))
+                ti.append(cpu_ms(lambda: other(x), min_s=0.15))
+            a, b = min(tn), min(ti)
+            out.append([key[0], "/".join(q.name for q in key[3]), f"{key[2]}x{key[1]}", getattr(other, "path", "?"),
+                        m, a, b, f"{b / a:.2f}"])
+    print_table(["layer", "types", "N x K", "other path", "rows", "native ms", "int4 ms", "ratio"], out, digits=3)
+
+
 def kernel_dtypes(rows: list[int], shapes: list[str]) -> None:
     print_conditions("the int4 kernel by activation dtype (CPU)", {
         "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -118,12 +167,17 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--model", help="a GGUF file: time whole-model prefills at --prefill lengths instead")
     p.add_argument("--prefill", default="32,48,64,96,128")
+    p.add_argument("--native", action="store_true",
+                   help="with --model: each layer on the native kernels against the int4 layout, same process")
     p.add_argument("--kernel-dtypes", action="store_true",
                    help="the int4 kernel with bf16 / float16 / float32 activations: time and error")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.kernel_dtypes:
         kernel_dtypes([int(r) for r in args.rows.split(",")], args.shapes.split(","))
+        return
+    if args.native:
+        native_vs_int4(args.model, [int(r) for r in args.rows.split(",")], args.threads)
         return
     if args.model:
         model_crossover(args.model, [int(r) for r in args.prefill.split(",")], args.threads)

@@ -923,7 +923,7 @@ T_AMX INLINE void amxk_body(const int fmt, const uint8_t *W, int64_t rb, int64_t
     const int64_t nb = K / 256;
     const actKx16 *A = (const actKx16 *)actx;
     _Alignas(64) uint8_t abuf[16][16][32]; /* [sub-block][column][codes] (Q6_K: [16][16][16] used) */
-    _Alignas(64) int32_t cbuf[16][16];
+    _Alignas(64) int32_t cbuf[2][16][16];
     _Alignas(64) float acc[16][16];
     _Alignas(64) int32_t sacc[16][16], tacc[16][16];
     for (int64_t nn = n0; nn < n1; nn += 16) {
@@ -953,28 +953,49 @@ T_AMX INLINE void amxk_body(const int fmt, const uint8_t *W, int64_t rb, int64_t
                     _mm512_store_si512((void *)sacc[j], _mm512_setzero_si512());
                 }
                 if (fmt == F_Q6_K) {
-                    for (int sb = 0; sb < 16; sb++) {
-                        _tile_loadd(5, abuf[sb], 32); /* 16 codes per column, rows 32 bytes apart */
-                        _tile_loadd(6, a->q[4 * sb], 64);
-                        _tile_zero(3);
-                        _tile_dpbusd(3, 5, 6);
-                        _tile_stored(3, cbuf, 64);
-                        const __m512i off32 = _mm512_slli_epi32(_mm512_load_si512((const void *)a->bs16[sb]), 5);
+                    /* pipelined: the tile unit computes sub-block sb while sub-block sb − 1 is scaled */
+                    for (int sb = 0; sb <= 16; sb++) {
+                        if (sb < 16) {
+                            _tile_loadd(5, abuf[sb], 32); /* 16 codes per column, rows 32 bytes apart */
+                            _tile_loadd(6, a->q[4 * sb], 64);
+                            if (sb & 1) {
+                                _tile_zero(4);
+                                _tile_dpbusd(4, 5, 6);
+                                _tile_stored(4, cbuf[1], 64);
+                            } else {
+                                _tile_zero(3);
+                                _tile_dpbusd(3, 5, 6);
+                                _tile_stored(3, cbuf[0], 64);
+                            }
+                        }
+                        if (sb == 0) continue;
+                        const int p = sb - 1;
+                        const __m512i off32 = _mm512_slli_epi32(_mm512_load_si512((const void *)a->bs16[p]), 5);
                         for (int j = 0; j < 16; j++) {
-                            const __m512i d = _mm512_sub_epi32(_mm512_load_si512((const void *)cbuf[j]), off32);
-                            const __m512i sv = _mm512_mullo_epi32(d, _mm512_set1_epi32((int8_t)sc[j][sb]));
+                            const __m512i d = _mm512_sub_epi32(_mm512_load_si512((const void *)cbuf[p & 1][j]), off32);
+                            const __m512i sv = _mm512_mullo_epi32(d, _mm512_set1_epi32((int8_t)sc[j][p]));
                             _mm512_store_si512((void *)sacc[j], _mm512_add_epi32(_mm512_load_si512((const void *)sacc[j]), sv));
                         }
                     }
                 } else {
-                    for (int sb = 0; sb < 8; sb++) {
-                        _tile_loadd(0, abuf[sb], 32);
-                        _tile_loadd(1, a->q[8 * sb], 64);
-                        _tile_zero(3);
-                        _tile_dpbusd(3, 0, 1);
-                        _tile_stored(3, cbuf, 64);
+                    for (int sb = 0; sb <= 8; sb++) {
+                        if (sb < 8) {
+                            _tile_loadd(0, abuf[sb], 32);
+                            _tile_loadd(1, a->q[8 * sb], 64);
+                            if (sb & 1) {
+                                _tile_zero(4);
+                                _tile_dpbusd(4, 0, 1);
+                                _tile_stored(4, cbuf[1], 64);
+                            } else {
+                                _tile_zero(3);
+                                _tile_dpbusd(3, 0, 1);
+                                _tile_stored(3, cbuf[0], 64);
+                            }
+                        }
+                        if (sb == 0) continue;
+                        const int p = sb - 1;
                         for (int j = 0; j < 16; j++) {
-                            const __m512i sv = _mm512_mullo_epi32(_mm512_load_si512((const void *)cbuf[j]), _mm512_set1_epi32(sc[j][sb]));
+                            const __m512i sv = _mm512_mullo_epi32(_mm512_load_si512((const void *)cbuf[p & 1][j]), _mm512_set1_epi32(sc[j][p]));
                             _mm512_store_si512((void *)sacc[j], _mm512_add_epi32(_mm512_load_si512((const void *)sacc[j]), sv));
                         }
                     }
