@@ -521,7 +521,6 @@ T_AVX512 static inline void f16_pairs_512(const uint8_t *base, __m256i idx, __m2
 }
 
 #define PF_GROUPS 2 /* prefetch distance in groups of 8 columns */
-#define LOAD_F16X8(p) _mm256_cvtph_ps(_mm_load_si128((const __m128i *)(p)))
 #define NEG(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.f))
 
 /* rows [m0, m1) × columns [n0, n1): lanes over K, 8 columns at a time (their block dots reduced
