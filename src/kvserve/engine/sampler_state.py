@@ -12,7 +12,8 @@ the batched stages (``sampler_stages``) read this state, ``sampler.sample_batch`
 from __future__ import annotations
 
 import math
-import secrets
+import os
+import random
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Iterable
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     from kvserve.grammar import GrammarState
 
 NEG_INF = float("-inf")
+# Random seeds (seed -1) from one generator seeded by the OS once, not an OS read per request
+_SEEDS = random.Random(os.urandom(16))
 
 
 def _stage_active(name: str, p: SamplingParams) -> bool:
@@ -94,6 +97,22 @@ class SequenceSampler:
     ``accept`` advances it, ``sample_batch`` keeps every drawn token inside it.
     """
 
+    @property
+    def rng(self) -> Mt19937:
+        """The final draw's uniforms (dist, mirostat, adaptive-p): ``std::mt19937(seed)``."""
+        r = self._rng
+        if r is None:
+            r = self._rng = Mt19937(self.seed)
+        return r
+
+    @property
+    def xtc_rng(self) -> Mt19937:
+        """XTC's coin: a generator of its own, seeded the same, as in llama.cpp."""
+        r = self._xtc_rng
+        if r is None:
+            r = self._xtc_rng = Mt19937(self.seed)
+        return r
+
     def __init__(
         self,
         params: SamplingParams,
@@ -111,9 +130,10 @@ class SequenceSampler:
         self.budget: BudgetState | None = None
         self.vocab_size = int(vocab_size)
         self.eog_ids = tuple(int(t) for t in eog_ids)
-        self.seed = secrets.randbits(32) if params.is_random_seed else params.seed_u32
-        self.rng = Mt19937(self.seed)  # the final draw's uniforms (dist, mirostat, adaptive-p)
-        self.xtc_rng = Mt19937(self.seed)  # XTC's coin: a generator of its own, as in llama.cpp
+        self.seed = _SEEDS.getrandbits(32) if params.is_random_seed else params.seed_u32
+        # the streams are made on first use (a greedy request never draws): same seed, same draws
+        self._rng: Mt19937 | None = None
+        self._xtc_rng: Mt19937 | None = None
         self.plan, self.final = build_plan(params)
         self.draw_order = draw_order(self.plan, self.final, params)
 
