@@ -21,7 +21,9 @@
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
 # PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
-# once per setting (same run). SERVER_CPU=1 then runs the 64 streams once more per tree
+# once per setting (same run), SERVER_HTTPX=1 once with the httpx client (--client httpx) of
+# the runs before bench/sse_client.py. A short unmeasured run first fills the kernel caches.
+# SERVER_CPU=1 then runs the 64 streams once more per tree
 # (baseline first) under bench/host_overhead.py --real-runner: the same server with the CPU time
 # of its engine and HTTP threads per token.
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
@@ -101,6 +103,12 @@ if want features; then
 fi
 if want server; then
   SRV="$PY -m kvserve -m $(synth "$S1B") -c 262144 -np 64 --metrics"
+  # The first server on a fresh machine compiles the Triton kernels of its prefill and decode
+  # shapes (later servers load them from the on-disk cache): one short unmeasured run of both
+  # workloads first, so that no measured run pays for it
+  phase "server: warm-up of the kernel caches (not measured)"
+  timeout 150 $PY bench/throughput.py --cmd "$SRV" --name warm-up --concurrency 64 --workloads distinct,shared \
+      --n-predict 8 --prompt-words 38 --prefix-words 600 --rounds 1 --burst --start-timeout 150 2>&1 | grep "c=64"
   if [ -n "${BASELINE_SRC:-}" ]; then
     phase "server, baseline tree $BASELINE_SRC: 64 streams, 128-token prompts, 256 tokens each (1B)"
     PYTHONPATH="${BASELINE_PYTHONPATH:-$BASELINE_SRC:${PYTHONPATH#src:}}" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name baseline \
@@ -113,6 +121,11 @@ if want server; then
   phase "server: 64 streams, 128-token prompts, 256 tokens each (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads distinct --n-predict 256 \
       --prompt-words 38 --rounds 1 --start-timeout 150
+  if [ -n "${SERVER_HTTPX:-}" ]; then  # the same with the httpx client of earlier runs
+    phase "server, client httpx: 64 streams, 128-token prompts, 256 tokens each (1B)"
+    timeout 240 $PY bench/throughput.py --cmd "$SRV" --name "client httpx" --client httpx --concurrency 64 \
+        --workloads distinct --n-predict 256 --prompt-words 38 --rounds 1 --start-timeout 150
+  fi
   for AB in ${SERVER_AB:-}; do  # e.g. SERVER_AB="KVSERVE_OVERLAP=0 KVSERVE_SWITCH_INTERVAL_MS=5"
     phase "server with $AB: 64 streams, 128-token prompts, 256 tokens each (1B)"
     env "$AB" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name "$AB" --concurrency 64 \
