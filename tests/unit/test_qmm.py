@@ -16,7 +16,8 @@ from kvserve.model.quant.groups import _k_scales, to_groups
 
 from .test_quant import random_blocks
 
-pytestmark = pytest.mark.skipif(not native.available(), reason=native.unavailable_reason() if not native.available() else "")
+_BUILT = native.available()
+pytestmark = pytest.mark.skipif(not _BUILT, reason=native.unavailable_reason() if not _BUILT else "")
 
 FORMATS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 ISAS = [i for i in range(4) if native.available() and i <= native.best_isa()]
@@ -243,3 +244,14 @@ def test_loader_paths_fusion_and_tied_embedding():
     assert torch.equal(emb(ids), torch.from_numpy(np_dequantize(raw, Q.Q8_0))[ids])
     x = torch.randn(2, k)
     assert torch.equal(head(x), native.matmul(Q.Q8_0, x, torch.from_numpy(raw)))
+
+
+def test_without_the_extension_the_int4_layout_runs(monkeypatch):
+    """A checkout where the extension is not built loads on the int4 layout and says so."""
+    from kvserve.model.quant.build import RawTensor, cpu_kernels, path_of
+
+    monkeypatch.setattr(native, "_qmm", None)
+    monkeypatch.setattr(native, "_IMPORT_ERROR", "No module named 'kvserve.model.quant._qmm'")
+    assert not native.available()
+    assert path_of(RawTensor(np.zeros(1, np.uint8), Q.Q4_1, (64, 256))) == "int4"
+    assert cpu_kernels().startswith("native kernels not built") and "int4" in cpu_kernels()
