@@ -5,11 +5,17 @@ CPU path falls back to torch's int4 kernel (the load log says which path runs)."
 
 from setuptools import Extension, setup
 
+QUANT = "src/kvserve/model/quant"
+# qmm.c: the module and driver; one file per instruction set's kernels (qmm.h lists them)
+SOURCES = ["qmm.c", "qmm_scalar.c", "qmm_avx2.c", "qmm_avx512.c", "qmm_amx.c"]
+HEADERS = ["qmm.h", "qmm_simd.h", "qmm_cols.h"]
+
 setup(
     ext_modules=[
         Extension(
             "kvserve.model.quant._qmm",
-            ["src/kvserve/model/quant/qmm.c"],
+            [f"{QUANT}/{f}" for f in SOURCES],
+            depends=[f"{QUANT}/{f}" for f in HEADERS],
             # no -march: each instruction set's functions carry their own target attributes and
             # are chosen at run time; -ffp-contract=off keeps every path's float operations the same
             extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"],

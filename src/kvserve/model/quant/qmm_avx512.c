@@ -1,0 +1,200 @@
+/* AVX-512: the activation quantizers, the VNNI column tiles (256-bit vectors, few rows) and the
+ * VNNI row tiles (16 rows in the lanes of a vector). */
+#include "qmm_cols.h"
+
+#ifdef QMM_X86
+/* the same activation blocks with AVX-512 (bit for bit: max and the first maximum's index are
+ * order-free, products and round-to-nearest-even conversions are elementwise) */
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+void quantize_row_32_512(const float *x, int64_t k, act32 *out) {
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int64_t b = 0; b < k / 32; b++, x += 32) {
+        const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
+        const float d = amax / 127.f, id = amax != 0.f ? 127.f / amax : 0.f;
+        const __m512 vid = _mm512_set1_ps(id);
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, vid));
+        _mm_storeu_si128((__m128i *)out[b].q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(out[b].q + 16), _mm512_cvtepi32_epi8(q1));
+        const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        out[b].d = round_f16(d);
+        out[b].s = round_f16(d * (float)sum);
+        out[b].isum = sum;
+        out[b].pad = 0;
+    }
+}
+
+__attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+void quantize_row_K_512(const float *x, int64_t k, actK *out) {
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int64_t b = 0; b < k / 256; b++, x += 256) {
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < 256; i += 16) m = _mm512_max_ps(m, _mm512_andnot_ps(sign, _mm512_loadu_ps(x + i)));
+        const float amax = _mm512_reduce_max_ps(m);
+        memset(&out[b], 0, sizeof(actK));
+        if (amax == 0.f) continue;
+        int at = 0; /* the first element of that magnitude, as the scalar scan keeps it */
+        for (int i = 0; i < 256; i += 16) {
+            const __mmask16 eq = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(x + i)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+            if (eq) {
+                at = i + __builtin_ctz(eq);
+                break;
+            }
+        }
+        const float iscale = -127.f / x[at];
+        const __m512 vs = _mm512_set1_ps(iscale);
+        for (int j = 0; j < 16; j++) {
+            __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * j))), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(out[b].q + 16 * j), _mm512_cvtepi32_epi8(q));
+            out[b].bsums[j] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+        out[b].d = 1.f / iscale;
+    }
+}
+
+#define DOT32_512(fmt, c, q) dot_u8s8_512(c, q)
+T_AVX512 INLINE void cols_512(const int fmt, TILE_ARGS) { COLS_BODY(codes32_512, codesK_512, DOT32_512, 0, f16_pairs_512) }
+SPECIALIZE(tile_512_cols, cols_512, T_AVX512)
+
+/* ---- AVX-512 VNNI row tiles: 16 rows in the lanes of a vector, weights broadcast ---- */
+
+#define NT 4 /* columns per row tile */
+
+/* rows [16·g0, 16·(g0 + RG)) × columns [n0, n1), n1 − n0 ≤ NT: RG groups of 16 rows share each
+ * broadcast weight word; activation codes are read from memory (L1) by the VNNI instruction */
+#define ROWS_BODY(RG)                                                                                    \
+    const int64_t nb = K / BLOCK_W[fmt];                                                                 \
+    const int nc = (int)(n1 - n0);                                                                       \
+    __m512 acc[RG][NT];                                                                                  \
+    for (int r = 0; r < RG; r++)                                                                         \
+        for (int j = 0; j < NT; j++) acc[r][j] = _mm512_setzero_ps();                                    \
+    _Alignas(64) uint8_t c[NT][256];                                                                     \
+    const uint8_t *col[NT];                                                                              \
+    for (int j = 0; j < NT; j++) col[j] = W + (n0 + (j < nc ? j : nc - 1)) * rb;                         \
+    if (BLOCK_W[fmt] == 32) {                                                                            \
+        const act32x16 *A = (const act32x16 *)actx + g0 * nb;                                            \
+        const int z = ZERO_OF[fmt];                                                                      \
+        for (int64_t b = 0; b < nb; b++) {                                                               \
+            const int64_t off = b * BLOCK_BYTES[fmt];                                                    \
+            for (int j = 0; j < NT; j++) _mm256_store_si256((__m256i *)c[j], codes32_512(fmt, col[j] + off)); \
+            for (int j = 0; j < NT; j++) {                                                               \
+                const int32_t *c4 = (const int32_t *)c[j];                                               \
+                __m512i s[RG][2];                                                                        \
+                for (int r = 0; r < RG; r++) {                                                           \
+                    s[r][0] = z ? _mm512_mullo_epi32(_mm512_loadu_si512((const void *)A[r * nb + b].isum), \
+                                                     _mm512_set1_epi32(-z))                              \
+                                : _mm512_setzero_si512();                                                \
+                    s[r][1] = _mm512_setzero_si512();                                                    \
+                }                                                                                        \
+                for (int k = 0; k < 8; k++) {                                                            \
+                    const __m512i wk = _mm512_set1_epi32(c4[k]);                                         \
+                    for (int r = 0; r < RG; r++)                                                         \
+                        s[r][k & 1] = _mm512_dpbusd_epi32(s[r][k & 1], wk,                               \
+                                                          _mm512_load_si512((const void *)A[r * nb + b].q[k])); \
+                }                                                                                        \
+                const __m512 dx = _mm512_set1_ps(_cvtsh_ss(rd16(col[j] + off)));                         \
+                for (int r = 0; r < RG; r++) {                                                           \
+                    const act32x16 *a = &A[r * nb + b];                                                  \
+                    acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_loadu_ps(a->d)),                \
+                                                _mm512_cvtepi32_ps(_mm512_add_epi32(s[r][0], s[r][1])), acc[r][j]); \
+                    if (fmt == F_Q4_1 || fmt == F_Q5_1)                                                  \
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(rd16(col[j] + off + 2))),   \
+                                                    _mm512_loadu_ps(a->s), acc[r][j]);                   \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    } else {                                                                                             \
+        const actKx16 *A = (const actKx16 *)actx + g0 * nb;                                              \
+        for (int64_t b = 0; b < nb; b++) {                                                               \
+            const int64_t off = b * BLOCK_BYTES[fmt];                                                    \
+            for (int j = 0; j < NT; j++) {                                                               \
+                const uint8_t *w = col[j] + off;                                                         \
+                __m256i cv[8];                                                                           \
+                codesK_512(fmt, w, cv);                                                                  \
+                for (int v = 0; v < 8; v++) _mm256_store_si256((__m256i *)(c[0] + 32 * v), cv[v]);      \
+                const int32_t *c4 = (const int32_t *)c[0];                                               \
+                const float dxs = _cvtsh_ss(rd16(fmt == F_Q6_K ? w + 208 : w));                          \
+                __m512i s[RG], t[RG];                                                                    \
+                for (int r = 0; r < RG; r++) s[r] = t[r] = _mm512_setzero_si512();                       \
+                if (fmt == F_Q6_K) {                                                                     \
+                    const int8_t *sc = (const int8_t *)(w + 192);                                        \
+                    for (int sb = 0; sb < 16; sb++) {                                                    \
+                        __m512i u[RG];                                                                   \
+                        for (int r = 0; r < RG; r++)                                                     \
+                            u[r] = _mm512_slli_epi32(_mm512_load_si512((const void *)A[r * nb + b].bs16[sb]), 5); \
+                        for (int r = 0; r < RG; r++) u[r] = _mm512_sub_epi32(_mm512_setzero_si512(), u[r]); \
+                        for (int k = 0; k < 4; k++) {                                                    \
+                            const __m512i wk = _mm512_set1_epi32(c4[4 * sb + k]);                        \
+                            for (int r = 0; r < RG; r++)                                                 \
+                                u[r] = _mm512_dpbusd_epi32(u[r], wk, _mm512_load_si512((const void *)A[r * nb + b].q[4 * sb + k])); \
+                        }                                                                                \
+                        const __m512i scv = _mm512_set1_epi32(sc[sb]);                                   \
+                        for (int r = 0; r < RG; r++) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(u[r], scv)); \
+                    }                                                                                    \
+                    for (int r = 0; r < RG; r++)                                                         \
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dxs), _mm512_loadu_ps(A[r * nb + b].d)), \
+                                                    _mm512_cvtepi32_ps(s[r]), acc[r][j]);                \
+                } else {                                                                                 \
+                    uint8_t sc[8], mn[8];                                                                \
+                    k_scales(w + 4, sc, mn);                                                             \
+                    for (int sb = 0; sb < 8; sb++) {                                                     \
+                        __m512i u[RG][2];                                                                \
+                        for (int r = 0; r < RG; r++) u[r][0] = u[r][1] = _mm512_setzero_si512();         \
+                        for (int k = 0; k < 8; k++) {                                                    \
+                            const __m512i wk = _mm512_set1_epi32(c4[8 * sb + k]);                        \
+                            for (int r = 0; r < RG; r++)                                                 \
+                                u[r][k & 1] = _mm512_dpbusd_epi32(u[r][k & 1], wk,                       \
+                                    _mm512_load_si512((const void *)A[r * nb + b].q[8 * sb + k]));       \
+                        }                                                                                \
+                        const __m512i scv = _mm512_set1_epi32(sc[sb]), mnv = _mm512_set1_epi32(mn[sb]);  \
+                        for (int r = 0; r < RG; r++) {                                                   \
+                            s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(_mm512_add_epi32(u[r][0], u[r][1]), scv)); \
+                            t[r] = _mm512_add_epi32(t[r], _mm512_mullo_epi32(                            \
+                                _mm512_load_si512((const void *)A[r * nb + b].bs32[sb]), mnv));          \
+                        }                                                                                \
+                    }                                                                                    \
+                    const float dmin = _cvtsh_ss(rd16(w + 2));                                           \
+                    for (int r = 0; r < RG; r++) {                                                       \
+                        const __m512 dy = _mm512_loadu_ps(A[r * nb + b].d);                              \
+                        __m512 v = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dxs), dy), _mm512_cvtepi32_ps(s[r]), acc[r][j]); \
+                        acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(-dmin), dy), _mm512_cvtepi32_ps(t[r]), v); \
+                    }                                                                                    \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    }                                                                                                    \
+    for (int r = 0; r < RG; r++)                                                                         \
+        for (int j = 0; j < nc; j++) {                                                                   \
+            _Alignas(64) float o[16];                                                                    \
+            _mm512_store_ps(o, acc[r][j]);                                                               \
+            for (int i = 0; i < 16; i++) y[(16 * (g0 + r) + i) * ldy + n0 + j] = o[i];                   \
+        }
+
+#define ROWS_ARGS const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *actx, int64_t g0, int64_t K, \
+                  float *y, int64_t ldy
+T_AVX512 INLINE void rows4_512(const int fmt, ROWS_ARGS) { ROWS_BODY(4) }
+T_AVX512 INLINE void rows1_512(const int fmt, ROWS_ARGS) { ROWS_BODY(1) }
+
+#define ROWS_SWITCH(IMPL)                                                                                \
+    switch (fmt) {                                                                                       \
+    case F_Q4_0: IMPL(F_Q4_0, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q4_1: IMPL(F_Q4_1, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q5_0: IMPL(F_Q5_0, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q5_1: IMPL(F_Q5_1, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q8_0: IMPL(F_Q8_0, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q4_K: IMPL(F_Q4_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    case F_Q5_K: IMPL(F_Q5_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                \
+    default: IMPL(F_Q6_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                    \
+    }
+
+/* row groups [g0, g1) × columns [n0, n1) */
+T_AVX512 void tile_512_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n0_, int64_t n1_,
+                                   const void *actx, int64_t g0_, int64_t g1, int64_t K, float *y, int64_t ldy) {
+    for (int64_t n0 = n0_; n0 < n1_; n0 += NT) {
+        const int64_t n1 = n0 + NT < n1_ ? n0 + NT : n1_;
+        int64_t g0 = g0_;
+        for (; g0 + 4 <= g1; g0 += 4) { ROWS_SWITCH(rows4_512) }
+        for (; g0 < g1; g0++) { ROWS_SWITCH(rows1_512) }
+    }
+}
+#endif /* QMM_X86 */
