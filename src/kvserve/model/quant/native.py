@@ -33,7 +33,7 @@ except ImportError as e:  # not built: the int4 path runs instead
 else:
     _IMPORT_ERROR = ""
 
-# GGUF type → the kernel's format id (the order of ``enum`` in qmm.c)
+# GGUF type → the kernel's format id (the order of ``enum`` in qmm.h)
 FORMATS: dict[Q, int] = {
     Q.Q4_0: 0, Q.Q4_1: 1, Q.Q5_0: 2, Q.Q5_1: 3, Q.Q8_0: 4, Q.Q4_K: 5, Q.Q5_K: 6, Q.Q6_K: 7,
 }
