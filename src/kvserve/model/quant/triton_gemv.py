@@ -356,6 +356,23 @@ def _counters(p: Packed, n: int) -> torch.Tensor:
     return c
 
 
+def launch_setup(p: Packed, m: int, cfg: Config, out: torch.Tensor, bias: torch.Tensor | None):
+    """What every GEMV launch over ``p`` derives the same way: the batch block, the K split, the grid
+    (batch blocks first: they share weights in L2), the super-block words, the bias operand and,
+    with several K slices, the float32 partials and the slices' done counters."""
+    bm = min(4, triton.next_power_of_2(m))
+    splits, steps = split_of(p, cfg, out.device)
+    bias_t = bias if bias is not None else out
+    sw = p.sw if p.sw is not None else p.gw
+    grid = (triton.cdiv(m, bm), triton.cdiv(p.n, cfg.bn), splits)
+    if splits > 1:
+        part = torch.empty((splits, m, p.n), dtype=torch.float32, device=out.device)
+        cnt = _counters(p, grid[0] * grid[1])
+    else:
+        part, cnt = out, p.gw  # not read
+    return bm, splits, steps, grid, sw, bias_t, part, cnt
+
+
 def gemv(x: torch.Tensor, p: Packed, out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
          cfg: Config | None = None) -> torch.Tensor:
     """out [M, n] (a view with unit column stride; default new, x's dtype) = x [M, k] @ Wᵀ + bias.
@@ -365,17 +382,8 @@ def gemv(x: torch.Tensor, p: Packed, out: torch.Tensor | None = None, bias: torc
     if out is None:
         out = torch.empty((m, p.n), dtype=x.dtype, device=x.device)
     cfg = cfg or default_config(p, m)
-    bm = min(4, triton.next_power_of_2(m))
-    splits, steps = split_of(p, cfg, x.device)
-    bias_t = bias if bias is not None else out
-    sw = p.sw if p.sw is not None else p.gw
-    grid = (triton.cdiv(m, bm), triton.cdiv(p.n, cfg.bn), splits)  # batch blocks first: they share weights in L2
+    bm, splits, steps, grid, sw, bias_t, part, cnt = launch_setup(p, m, cfg, out, bias)
     kernel = _gemv_kernel_const if _INTERPRET else _gemv_kernel
-    if splits > 1:
-        part = torch.empty((splits, m, p.n), dtype=torch.float32, device=x.device)
-        cnt = _counters(p, grid[0] * grid[1])
-    else:
-        part, cnt = out, p.gw  # not read
     kernel[grid](x, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, entries(p), x.stride(0), out.stride(0),
                  steps, splits, HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, SPLIT=splits > 1,
                  STAGES=cfg.stages, SB=min(8, triton.next_power_of_2(splits)), num_warps=cfg.warps, **_meta(p))

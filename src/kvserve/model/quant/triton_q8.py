@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import cuda_pack
 from .cuda_pack import SUPER, Packed
-from .triton_gemv import _INTERPRET, Config, _counters, _finish, _meta, _scale, entries, split_of
+from .triton_gemv import _INTERPRET, Config, _finish, _meta, _scale, entries, launch_setup
 
 _SUPER = tl.constexpr(SUPER)
 _ASM = tl.constexpr(not _INTERPRET)
@@ -266,17 +266,8 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
     m = xq.q.shape[0]
     assert xq.q.shape[1] * 4 == p.k and out.shape == (m, p.n) and out.stride(1) == 1
     cfg = cfg or default_config(p, m)
-    bm = min(4, triton.next_power_of_2(m))
-    splits, steps = split_of(p, cfg, out.device)
-    bias_t = bias if bias is not None else out
-    sw = p.sw if p.sw is not None else p.gw
-    grid = (triton.cdiv(m, bm), triton.cdiv(p.n, cfg.bn), splits)
+    bm, splits, steps, grid, sw, bias_t, part, cnt = launch_setup(p, m, cfg, out, bias)
     kernel = _q8_kernel_const if _INTERPRET else _q8_kernel
-    if splits > 1:
-        part = torch.empty((splits, m, p.n), dtype=torch.float32, device=out.device)
-        cnt = _counters(p, grid[0] * grid[1])
-    else:
-        part, cnt = out, p.gw  # not read
     kernel[grid](xq.q, xq.d, xq.s, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, entries(p),
                  xq.q.stride(0), xq.d.stride(0), xq.s.stride(0), out.stride(0), steps, splits,
                  HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, SPLIT=splits > 1, STAGES=cfg.stages,
