@@ -7,23 +7,15 @@ usage: python scripts/record_agent_tools.py LLAMA_SERVER MODEL.gguf [OUT.json]
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "compat"))
 from agent_tools_cases import CASES, STREAM_CASES, make_tree, normalize, summarize_stream  # noqa: E402
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from recording import serving  # noqa: E402
 
 
 def _post(url: str, body: dict, headers: dict[str, str]) -> tuple[int, str, str]:
@@ -45,33 +37,19 @@ def main() -> None:
         if len(sys.argv) > 3
         else Path(__file__).resolve().parent.parent / "tests" / "golden" / "agent_tools" / "calls.json"
     )
-    port = _port()
-    proc = subprocess.Popen(
-        [server, "-m", model, "--tools", "all", "--port", str(port), "-c", "512"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
+    with serving([server, "-m", model, "--tools", "all", "-c", "512"]) as base:
+        assert base is not None, f"{server} did not start"
         with tempfile.TemporaryDirectory() as tmp:
             make_tree(Path(tmp))
             rows = []
-            url = f"http://127.0.0.1:{port}/tools"
+            url = f"{base}/tools"
             for name, headers, body in CASES:
                 status, _, text = _post(url, body, {"x-tool-cwd": tmp, **headers})
                 rows.append([name, status, normalize(json.loads(text), tmp)])
             for name, headers, body in STREAM_CASES:
                 rows.append([name, *summarize_stream(*_post(url, body, {"x-tool-cwd": tmp, **headers}), tmp)])
-        out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        print(f"{len(rows)} calls recorded into {out}")
-    finally:
-        proc.terminate()
-        proc.wait()
+    out.write_text(json.dumps(rows, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"{len(rows)} calls recorded into {out}")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ usage: python scripts/record_chat_formats.py LLAMA_SERVER MODEL.gguf LLAMA_CPP_S
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+
+from recording import post_json, serving
 
 CHATS = [
     [
@@ -33,39 +32,11 @@ CHATS = [
 ]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _post(url: str, body: object) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
 def record(server: str, model: str, args: list[str]) -> list[str] | None:
-    port = _port()
-    proc = subprocess.Popen(
-        [server, "-m", model, "--port", str(port), "-np", "1", "-c", "256", "--no-jinja", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(200):
-            if proc.poll() is not None:
-                return None
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        return [_post(f"http://127.0.0.1:{port}/apply-template", {"messages": c})["prompt"] for c in CHATS]
-    finally:
-        proc.kill()
-        proc.wait()
+    with serving([server, "-m", model, "-np", "1", "-c", "256", "--no-jinja", *args], wait_s=20) as url:
+        if url is None:
+            return None
+        return [post_json(f"{url}/apply-template", {"messages": c}, timeout=30)["prompt"] for c in CHATS]
 
 
 def main() -> None:

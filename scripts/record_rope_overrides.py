@@ -11,12 +11,10 @@ usage: python scripts/record_rope_overrides.py LLAMA_SERVER SMOLLM2.gguf GEMMA3.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
+
+from recording import post_json, serving
 
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
           "combined movable metal type, oil-based ink and a wooden screw press. Within fifty years "
@@ -32,35 +30,12 @@ CASES: dict[str, list[str]] = {
 GEMMA_CASES = ("model", "freq-base-10000", "rope-scale-2")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _post(url: str, body: object) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
 def record(server: str, model: str, args: list[str]) -> dict:
-    port = _port()
-    proc = subprocess.Popen([server, "-m", model, "--port", str(port), "-np", "1", "-c", "1024", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        body = _post(f"http://127.0.0.1:{port}/completion", {
-            "prompt": PROMPT, "n_predict": 4, "temperature": 0, "n_probs": 10, "cache_prompt": False})
-    finally:
-        proc.terminate()
-        proc.wait()
+    with serving([server, "-m", model, "-np", "1", "-c", "1024", *args]) as url:
+        assert url is not None, f"{server} refused {args}"
+        body = post_json(f"{url}/completion", {
+            "prompt": PROMPT, "n_predict": 4, "temperature": 0, "n_probs": 10, "cache_prompt": False},
+            timeout=120)
     steps = [[[t["id"], t["logprob"]] for t in p["top_logprobs"]] for p in body["completion_probabilities"]]
     return {"args": args, "tokens": [p["id"] for p in body["completion_probabilities"]], "top_logprobs": steps}
 

@@ -5,16 +5,11 @@ edges, and within int8 rounding of the float32 GEMV."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
-triton = pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
-    pytest.skip("no GPU and the Triton interpreter is off", allow_module_level=True)
+# the interpreter switch, the skips without a GPU or interpreter, the device and the packer
+from .test_quant_triton import DEV, packed
 
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
@@ -22,14 +17,6 @@ from kvserve.model.quant import cuda_pack as P  # noqa: E402
 from kvserve.model.quant import triton_gemv as T  # noqa: E402
 from kvserve.model.quant import triton_q8 as Q8  # noqa: E402
 from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
-
-from .test_quant import random_blocks  # noqa: E402
-
-DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def packed(qtype: Q, n: int, k: int, seed: int = 0) -> P.Packed:
-    return P.pack(torch.from_numpy(random_blocks(qtype, n, k, seed=seed)).to(DEV), qtype, k)
 
 
 def test_quantize_x_matches_the_reference():

@@ -108,6 +108,16 @@ GREEDY_BIASED = [
 ]
 
 
+def _biased_argmax(logits: torch.Tensor) -> list[int]:
+    """The tokens GREEDY_BIASED[:3] pick from these logits: their biases added, then argmax."""
+    want = logits.clone()
+    want[0, 11] += 4.0
+    want[0, 12] += 0.5
+    want[1, 3] += 6.0
+    want[1, 7] = float("-inf")
+    return want.argmax(-1).tolist()
+
+
 @pytest.mark.parametrize("device", DEVS)
 @pytest.mark.parametrize("ties", [False, True])
 def test_greedy_with_biases_same_tokens_and_logits_untouched(device, ties, monkeypatch) -> None:
@@ -121,12 +131,7 @@ def test_greedy_with_biases_same_tokens_and_logits_untouched(device, ties, monke
     before = x.clone()
     got = sampler_fast.sample_tokens(x, samplers)
     assert torch.equal(x, before)
-    want = before.clone()
-    want[0, 11] += 4.0
-    want[0, 12] += 0.5
-    want[1, 3] += 6.0
-    want[1, 7] = float("-inf")
-    assert got == want.argmax(-1).tolist()
+    assert got == _biased_argmax(before)
 
 
 def test_seeded_row_does_not_depend_on_the_batch(monkeypatch) -> None:
@@ -232,9 +237,4 @@ def test_greedy_biases_on_the_runners_logits(device) -> None:
     before = x.clone()
     got = sampler_fast.sample_tokens(x, samplers)
     assert torch.equal(x, before)
-    want = before.clone()
-    want[0, 11] += 4.0
-    want[0, 12] += 0.5
-    want[1, 3] += 6.0
-    want[1, 7] = float("-inf")
-    assert got == want.argmax(-1).tolist()
+    assert got == _biased_argmax(before)
