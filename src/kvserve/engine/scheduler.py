@@ -24,7 +24,8 @@ from ..plan import Plan, RunOutput, SeqChunk
 from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent
 from .sampling import logit_rows
 from .sequence import Sequence, SeqState
-from .slots import Slot, choose_slot, lcp_len
+from .slot_choice import SlotChooser
+from .slots import Slot, lcp_len
 from .snapshot import IDLE, NextToken
 from .stats import EngineStats, timings
 
@@ -66,6 +67,7 @@ class Scheduler:
         self.tok = tokenizer
         self.sampling = sampling
         self.slots = [Slot(i, cfg.n_ctx_slot) for i in range(cfg.n_slots)]
+        self.chooser = SlotChooser()  # choose_slot's rule over a sorted index of the slots' tokens
         self.waiting: deque[tuple[GenerationRequest, Emit]] = deque()
         self.running: dict[int, Sequence] = {}  # arrival order (dicts keep insertion order)
         self.cancelled: set[int] = set()
@@ -255,7 +257,8 @@ class Scheduler:
             if blocked:
                 kept.append((req, emit))
                 continue
-            slot = choose_slot(self.slots, req.prompt_tokens, req.params.id_slot, self.cfg.slot_prompt_similarity)
+            slot = self.chooser.choose(self.slots, req.prompt_tokens, req.params.id_slot,
+                                       self.cfg.slot_prompt_similarity)
             if slot is None or slot.busy:
                 kept.append((req, emit))
                 # A request pinned to a busy slot waits without blocking the others; a free
@@ -309,13 +312,17 @@ class Scheduler:
             return
         ps = self.cfg.page_size
         if seq.use_cache and self.cache.enabled and seq.state is SeqState.WAIT_SHARED:
-            have = self.cache.lookup_len(seq.namespace, seq.tokens)
+            have = -1  # what the cache holds of seq's tokens: looked up when first needed
             for other in self.running.values():
                 if other is seq or other.state is not SeqState.PREFILL or other.namespace != seq.namespace:
                     continue
                 most = min(other.n_prompt, len(seq.tokens))  # the prefix they can share at most
-                if not other.use_cache or most - have < ps or other.n_computed >= (most // ps) * ps:
+                if not other.use_cache or other.n_computed >= (most // ps) * ps:
                     continue  # nothing to wait for, whatever they share
+                if have < 0:
+                    have = self.cache.lookup_len(seq.namespace, seq.tokens)
+                if most - have < ps:
+                    continue
                 shared = min(lcp_len(other.tokens, seq.tokens), other.n_prompt)
                 if shared - have >= ps and other.n_computed < (shared // ps) * ps:
                     return  # stay WAIT_SHARED; re-checked every step
