@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                             x = lv.of_round(rnd)
                             tt = [r.ttft for r in x.ok if r.ttft is not None]
                             rrows.append([rep + 1, name, rnd + 1, len(x.ok), 1e3 * sum(tt) / len(tt) if tt else None,
-                                          x.ttft_ms(50), x.ttft_ms(95), x.mean("prompt_n"), x.mean("cache_n")])
+                                          x.ttft_ms(50), x.ttft_ms(95), x.mean("prompt_n"), x.mean("cache_n")]
+                                         + [x.stage_ms(st) for st in throughput.STAGES])
                     if args.profile:
                         time.sleep(0.5)
                         profiles.append((rep + 1, name, w, prof))
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     if rrows:
         print("## Bursts (round 1 fresh prefix, round 2 cached)\n")
         print_table(["rep", "tree", "round", "ok", "TTFT mean ms", "TTFT p50 ms", "TTFT p95 ms", "prompt_n mean",
-                     "cache_n mean"], rrows, digits=1)
+                     "cache_n mean"] + [f"server {st} ms" for st in throughput.STAGES], rrows, digits=1)
     for rep, name, w, prof in profiles:
         for thread in ("engine", "http"):
             if not os.path.exists(f"{prof}.{thread}"):

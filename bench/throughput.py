@@ -67,6 +67,9 @@ class Level:
     sched_share: float | None = None
     rounds: list[int] = field(default_factory=list)  # round of each result
     client_cpu_s: float | None = None  # CPU time of this client process over the level
+    # per burst round, the server's mean time to first token by stage (ms), when its /metrics
+    # has them (kvserve:first_token_seconds_total{stage=...})
+    round_stages: list[dict[str, float] | None] = field(default_factory=list)
 
     @property
     def client_cpu_pct(self) -> float | None:
@@ -76,7 +79,14 @@ class Level:
 
     def of_round(self, rnd: int) -> Level:
         res = [r for r, k in zip(self.results, self.rounds) if k == rnd]
-        return Level(self.server, self.workload, self.concurrency, self.wall_s, res, None, [rnd] * len(res))
+        st = [self.round_stages[rnd]] if rnd < len(self.round_stages) else []
+        return Level(self.server, self.workload, self.concurrency, self.wall_s, res, None, [rnd] * len(res),
+                     None, st)
+
+    def stage_ms(self, stage: str) -> float | None:
+        """The server's mean ms of ``stage`` over this (one-round) level, if it has them."""
+        st = self.round_stages[0] if len(self.round_stages) == 1 else None
+        return None if st is None else st.get(stage)
 
     @property
     def ok(self) -> list[ReqResult]:
@@ -155,15 +165,36 @@ async def run_level(url: str, server: str, workload: str, c: int, args: argparse
             return [(rnd, await one(i, rnd)) for rnd in range(args.rounds)]
 
         t0, c0 = time.monotonic(), time.process_time()
+        stages: list[dict[str, float] | None] = []
         if args.burst:  # round r: all c requests at once, after every request of round r - 1 ended
             done: list[tuple[int, ReqResult]] = []
             for rnd in range(args.rounds):
+                m0 = scrape_metrics(url)
                 rs = await asyncio.gather(*(one(i, rnd) for i in range(c)))
+                stages.append(stage_means(m0, scrape_metrics(url)))
                 done += [(rnd, r) for r in rs]
         else:
             done = [x for rs in await asyncio.gather(*(stream(i) for i in range(c))) for x in rs]
         wall, cpu = time.monotonic() - t0, time.process_time() - c0
-    return Level(server, workload, c, wall, [r for _, r in done], None, [k for k, _ in done], cpu)
+    return Level(server, workload, c, wall, [r for _, r in done], None, [k for k, _ in done], cpu, stages)
+
+
+STAGES = ("intake", "queue", "prefill")
+
+
+def stage_means(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """Mean ms per first token of each stage between two scrapes (None when not exposed)."""
+    key = "kvserve:first_tokens_total"
+    if not before or not after or key not in before or key not in after:
+        return None
+    n = after[key] - before[key]
+    if n <= 0:
+        return None
+    out = {}
+    for st in STAGES:
+        k = f'kvserve:first_token_seconds_total{{stage="{st}"}}'
+        out[st] = 1e3 * (after.get(k, 0.0) - before.get(k, 0.0)) / n
+    return out
 
 
 async def warm_up(url: str, args: argparse.Namespace) -> None:
@@ -291,10 +322,16 @@ def main(argv: list[str] | None = None) -> int:
                 ttft = [r.ttft for r in x.ok if r.ttft is not None]
                 rrows.append([lv.server, lv.workload, lv.concurrency, rnd + 1, len(x.ok),
                               1000 * sum(ttft) / len(ttft) if ttft else None, x.ttft_ms(50), x.ttft_ms(95),
-                              x.mean("prompt_n"), x.mean("cache_n")])
+                              x.mean("prompt_n"), x.mean("cache_n")] + [x.stage_ms(st) for st in STAGES])
         print("## Per round" + (" (bursts: round 1 fresh, later rounds cached)" if args.burst else "") + "\n")
         print_table(["server", "workload", "conc", "round", "ok", "TTFT mean ms", "TTFT p50 ms", "TTFT p95 ms",
-                     "prompt_n mean", "cache_n mean"], rrows)
+                     "prompt_n mean", "cache_n mean"] + [f"server {st} ms" for st in STAGES], rrows)
+        if args.burst:
+            print("Server columns (bursts, where /metrics has them): the server's mean time to each first "
+                  "token by stage: intake = validation and tokenization up to the engine's queue, queue = "
+                  "until admitted to a slot, prefill = until the first token is sampled. TTFT minus their sum "
+                  "is the HTTP path before them (parsing, routing) and after (the first event's write), and "
+                  "the client.\n")
     if len(targets) == 2:
         a, p = targets[0][0], targets[1][0]
         by = {(lv.server, lv.workload, lv.concurrency): lv for lv in all_levels}

@@ -272,3 +272,30 @@ def test_random_cancels_under_pressure_give_one_terminal_event_each() -> None:
         if rid not in cancelled:
             assert ev.final is not None and ev.final.tokens == reference(p, n)
     h.assert_idle()
+
+
+def test_time_to_first_token_by_stage() -> None:
+    """Each request's first token adds its stages once: intake (server receipt to the engine's
+    queue), queue (to admission) and prefill (admission to the first token); a request that
+    did not come through the server counts no intake."""
+    import time
+
+    h = Harness(n_pages=40, page_size=4, n_slots=1)
+    t0 = time.perf_counter()
+    rid, ev = h.submit(list(range(1, 9)), 3)
+    h.sch.waiting[0][0].t_received, h.sch.waiting[0][0].t_submitted = t0 - 0.5, t0 - 0.2
+    _, ev2 = h.submit(list(range(11, 19)), 2)  # waits for the one slot
+    h.sch.waiting[1][0].t_submitted = t0
+    h.run()
+    assert ev.final is not None and ev2.final is not None
+    st = h.sch.stats
+    assert st.first_tokens == 2
+    s = st.stage_s
+    assert abs(s["intake"] - 0.3) < 1e-6
+    assert s["queue"] >= 0.2  # the first waited 0.2 s before this test admitted it
+    assert s["prefill"] > 0 and s["prefill"] < time.perf_counter() - t0
+    from kvserve.engine.snapshot import build_snapshot
+
+    m = build_snapshot(h.sch, h.mgr, 64).metrics
+    assert m["kvserve:first_tokens_total"] == 2
+    assert m['kvserve:first_token_seconds_total{stage="queue"}'] == s["queue"]

@@ -25,6 +25,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -152,6 +153,7 @@ class Engine:
         return next(self._ids)
 
     def submit(self, req: GenerationRequest, emit: Emit) -> None:
+        req.t_submitted = time.perf_counter()
         self._inbox.put(("submit", (req, emit)))
 
     def cancel(self, request_id: int) -> None:

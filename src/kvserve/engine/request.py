@@ -68,6 +68,11 @@ class GenerationRequest:
     params: RequestParams
     identity: CacheIdentity = field(default_factory=CacheIdentity)
     index: int = 0  # position in a multi-prompt / n_cmpl response
+    # time.perf_counter() when the server began handling the HTTP request (0: not from one)
+    # and when the request entered the engine's queue (set by Engine.submit): the first
+    # stages of its time to first token (EngineStats.first_token)
+    t_received: float = 0.0
+    t_submitted: float = 0.0
 
 
 @dataclass

@@ -437,6 +437,8 @@ class Scheduler:
         else:
             seq.state = SeqState.DECODE
             done = push_token(seq, res, now, n_predict, self.tok, self.eog, self.cfg)
+            if seq.n_decoded == 1:
+                self.stats.first_token(seq.req.t_received, seq.req.t_submitted, seq.t_arrival, now)
         self.slots[seq.slot_id].next_token = NextToken(
             has_next_token=not done,
             has_new_line=seq.has_new_line,

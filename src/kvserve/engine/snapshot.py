@@ -151,7 +151,10 @@ def build_snapshot(scheduler: Any, cache: Any, page_bytes: int) -> EngineSnapsho
         "kvserve:scheduler_seconds_total": st.scheduler_s,
         "kvserve:forward_seconds_total": st.forward_s,
         "kvserve:device_wait_seconds_total": st.device_wait_s,
+        "kvserve:first_tokens_total": st.first_tokens,
     })
+    for stage, secs in st.stage_s.items():
+        m[f'kvserve:first_token_seconds_total{{stage="{stage}"}}'] = secs
     info = {
         "page_tokens": cache.page_size,
         "page_bytes": page_bytes,

@@ -25,6 +25,9 @@ def timings(n_prompt: int, n_cached: int, n_decoded: int, prompt_ms: float, pred
     }
 
 
+STAGES = ("intake", "queue", "prefill")
+
+
 @dataclass
 class EngineStats:
     """Cumulative counters, changed on the engine thread only (snapshots copy them)."""
@@ -49,6 +52,12 @@ class EngineStats:
     device_wait_s: float = 0.0  # of scheduler_s: waiting for the device's sampled tokens (fast path)
     requests_cancelled: int = 0
     preemptions: int = 0  # sequences whose KV pages were taken back (recomputed later)
+    # A request's time to its first token, by stage, summed over the requests that got one:
+    # intake (the server's validation and tokenization, up to the engine's queue), queue (until
+    # admitted to a slot), prefill (admission to the first token sampled: waiting for a shared
+    # prefix, the prompt's steps)
+    first_tokens: int = 0
+    stage_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     t_start: float = field(default_factory=time.time)
 
     def counters(self) -> dict[str, float]:
@@ -65,6 +74,16 @@ class EngineStats:
                 self.busy_slots_sum / self.n_decode_total if self.n_decode_total else 0.0
             ),
         }
+
+    def first_token(self, t_received: float, t_submitted: float, t_admitted: float, now: float) -> None:
+        """A request's first token: its stages (a time of 0 is unknown: that stage counts 0)."""
+        t_submitted = t_submitted or t_admitted
+        t_received = t_received or t_submitted
+        st = self.stage_s
+        st["intake"] += max(0.0, t_submitted - t_received)
+        st["queue"] += max(0.0, t_admitted - t_submitted)
+        st["prefill"] += max(0.0, now - t_admitted)
+        self.first_tokens += 1
 
     def rates(self) -> tuple[int, float, int, float]:
         return self.rate_prompt_tokens, self.rate_prompt_s, self.rate_predicted_tokens, self.rate_predicted_s

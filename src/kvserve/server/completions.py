@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import Sequence as SequenceABC
 from typing import Any
 
@@ -120,11 +121,11 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
 
 
 def build_requests(engine: EngineAPI, prompts: list[list[int]], params: CompletionParams,
-                   identity: CacheIdentity) -> list[GenerationRequest]:
+                   identity: CacheIdentity, t_received: float = 0.0) -> list[GenerationRequest]:
     n = params.n_cmpl
     return [
         GenerationRequest(id=engine.new_request_id(), prompt_tokens=list(toks), params=params.child(j),
-                          identity=identity, index=i * n + j)
+                          identity=identity, index=i * n + j, t_received=t_received)
         for i, toks in enumerate(prompts)
         for j in range(n)
     ]
@@ -176,6 +177,7 @@ class LazyDecoded(SequenceABC[str]):
 
 
 async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response:
+    t_received = time.perf_counter()  # the body is read and parsed; validation and tokenization follow
     engine: EngineAPI = request.app.state.engine
     s: ServerSettings = request.app.state.settings
     if len(await request.body()) >= PREPARE_IN_THREAD_BYTES:
@@ -192,7 +194,7 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     prompt_texts = LazyDecoded(engine.tokenizer, prompts) if needs_prompt_text else []
     ctx = R.ResponseContext(model=s.model_id, build_info=s.build_info, params=params, prompt_texts=prompt_texts)
 
-    reqs = build_requests(engine, prompts, params, CacheIdentity(tenant=tenant_of(request)))
+    reqs = build_requests(engine, prompts, params, CacheIdentity(tenant=tenant_of(request)), t_received)
     d = Dispatch(engine, timeout=s.timeout)
     d.submit(reqs)
 

@@ -59,6 +59,10 @@ KVSERVE_HELP: dict[str, str] = {
     "scheduler_seconds_total": "Engine thread time outside runner.run (scheduling, commit, sampling glue)",
     "forward_seconds_total": "Engine thread time in runner.run (on CUDA: until the step is queued)",
     "device_wait_seconds_total": "Of scheduler_seconds_total: waiting for the device's sampled tokens",
+    "first_tokens_total": "Requests that got their first token (those first_token_seconds_total sums over)",
+    "first_token_seconds_total": "Time to a request's first token by stage: intake (validation and tokenization, "
+                                 "up to the engine's queue), queue (until admitted to a slot), prefill (until the "
+                                 "first token is sampled)",
 }
 
 _SERIES = re.compile(r"^kvserve:([a-zA-Z_][a-zA-Z0-9_]*)(\{.*\})?$")
