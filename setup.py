@@ -1,7 +1,9 @@
-"""The native CPU kernels (kvserve.model.quant._qmm): built by ``pip install`` (also editable).
+"""The native CPU kernels (kvserve.model.quant._qmm, the linear layers; kvserve.model._attn, attention):
+built by ``pip install`` (also editable).
 
 Optional: where no C compiler is found the package installs without them and the quantized
-CPU path falls back to torch's int4 kernel (the load log says which path runs)."""
+CPU path falls back to torch's int4 kernel (the load log says which path runs), and CPU attention to
+torch's SDPA."""
 
 from setuptools import Extension, setup
 
@@ -9,6 +11,9 @@ QUANT = "src/kvserve/model/quant"
 # qmm.c: the module and driver; one file per instruction set's kernels (qmm.h lists them)
 SOURCES = ["qmm.c", "qmm_scalar.c", "qmm_avx2.c", "qmm_avx512.c", "qmm_amx.c"]
 HEADERS = ["qmm.h", "qmm_simd.h", "qmm_cols.h"]
+# no -march: each instruction set's functions carry their own target attributes and are chosen at
+# run time; -ffp-contract=off keeps every path's float operations the same
+FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"]
 
 setup(
     ext_modules=[
@@ -16,11 +21,16 @@ setup(
             "kvserve.model.quant._qmm",
             [f"{QUANT}/{f}" for f in SOURCES],
             depends=[f"{QUANT}/{f}" for f in HEADERS],
-            # no -march: each instruction set's functions carry their own target attributes and
-            # are chosen at run time; -ffp-contract=off keeps every path's float operations the same
-            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off", "-std=gnu11"],
+            extra_compile_args=FLAGS,
             extra_link_args=["-fopenmp"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kvserve.model._attn",
+            ["src/kvserve/model/attn_cpu.c"],
+            extra_compile_args=FLAGS,
+            extra_link_args=["-fopenmp", "-lm"],
+            optional=True,
+        ),
     ]
 )

@@ -1,6 +1,6 @@
-"""The torch backend's path for one sequence decoding one token (``TorchBackend._prepare_one``,
-``attention.one_query_attention``) against its generic path (``build_meta`` +
-``paged_attention``): consecutive and scattered pages, float16 and float32 KV, float64 and
+"""The torch backend's SDPA path (the native attention kernel off) for one sequence decoding one
+token (``TorchBackend._prepare_one``, ``attention.one_query_attention``) against its generic path
+(``build_meta`` + ``paged_attention``): consecutive and scattered pages, float16 and float32 KV, float64 and
 float32 attention, GQA, QK-norm and sliding windows (past the window the generic path runs).
 """
 
@@ -52,6 +52,7 @@ def test_one_sequence_decode_matches_generic_path(arch, window, kv_dtype, wide, 
     loaded = load_gguf(path, device=torch.device("cpu"))
     fast = ModelRunner(loaded, n_pages=12, page_size=8, kv_dtype=kv_dtype)
     ref = ModelRunner(loaded, n_pages=12, page_size=8, kv_dtype=kv_dtype)
+    fast.backend.native = ref.backend.native = False  # the torch path (test_attn_native.py: the kernel)
     ref.backend.min_window = 1  # every single-token step takes the generic path
     toks = torch.randint(0, spec.n_vocab, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     seen_fast = []

@@ -3,9 +3,15 @@
 The readable reference for every other backend and the CPU path. RoPE angles come from tables
 precomputed per position (``RopeTables``), identical to computing them per step.
 
-On the CPU, float32 attention of a step of up to ``WIDE_MAX_ROWS`` tokens and ``WIDE_MAX_KEYS``
-keys runs in float64 and is rounded to float32 once: a query's output then has the same bits whichever path
-computed it (a causal prefill chunk, a masked chunk after a cached prefix, a padded or cascade
+On the CPU, where the native attention kernel is built (``attn_native``: llama.cpp's CPU
+flash-attention arithmetic, one call per layer reading the pages through the page tables), it
+computes every step's attention: a row's output depends on nothing but its own query and keys,
+so cached and uncached evaluations, batch widths and chunkings agree bit for bit at any length.
+``KVSERVE_NATIVE=0`` (or ``KVSERVE_NATIVE_ATTN=0``) keeps SDPA, as does a build without it:
+
+There, float32 attention of a step of up to ``WIDE_MAX_ROWS`` tokens and ``WIDE_MAX_KEYS`` keys
+runs in float64 and is rounded to float32 once: a query's output then has the same bits whichever
+path computed it (a causal prefill chunk, a masked chunk after a cached prefix, a padded or cascade
 decode batch, any batch width), where float32 SDPA differs between them by an ulp or two. The
 quantized path rounds every linear layer's input and output to bf16 (``quant.int4``), and one
 flipped bf16 rounding grows through the layers to ~0.1 in the logits; with attention
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import attn_native
 from ..attention import AttnMeta, Scratch, SeqKeys, build_meta, one_query_attention, paged_attention
 from ..config import ModelConfig
 from ..kv_store import PagedKVStore
@@ -50,7 +57,7 @@ WIDE_MAX_ROWS = WIDE_MAX_KEYS if native.available() else GEMV_MAX_ROWS
 class TorchStep(AttentionStep):
     def __init__(
         self, be: TorchBackend, meta: AttnMeta, wide: bool = False, one: SeqKeys | None = None, pos: int = -1,
-        row: int = -1,
+        row: int = -1, native: attn_native.NativeKeys | None = None, one_token: bool = False,
     ) -> None:
         self.cfg = be.cfg
         self.kv = be.kv
@@ -65,6 +72,8 @@ class TorchStep(AttentionStep):
         self._one = one
         self._pos = pos  # that token's position
         self._row = row  # and its KV row
+        self._native = native  # the step's sequences for the native attention kernel (attn_native)
+        self._in_place = one is not None or one_token  # one token: q, k rotated and k, v written in place
 
     def _rope(self, layer: int, x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """x rotated (``inplace``: x itself, overwritten)."""
@@ -100,7 +109,7 @@ class TorchStep(AttentionStep):
         lie side by side and go into the pool's row in one copy."""
         t = qkv.shape[0]
         x = qkv.view(t, n_head + 2 * n_head_kv, -1)
-        if self._one is not None:
+        if self._in_place:
             self._rope(layer, x[:, : n_head + n_head_kv], inplace=True)
             kv = x[:, n_head:].view(1, 2, n_head_kv, x.shape[-1]).transpose(0, 1)  # [2, 1, Hkv, D]
             self._be.kv_layers[layer].narrow(1, self._row, 1).copy_(kv)
@@ -123,6 +132,10 @@ class TorchStep(AttentionStep):
     def _attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Attention of q over the pool (this step's K/V written)."""
         be = self._be
+        if self._native is not None:
+            out = self._scratch.get("o", tuple(q.shape), torch.float32, q.device)
+            o = attn_native.attend(q, be.kv_layers[layer], self._native, be.layer_window[layer], be.attn_scale, out)
+            return o if q.dtype == torch.float32 else o.to(q.dtype)
         wide = self.wide and q.dtype == torch.float32
         if self._one is not None:
             dt = torch.float64 if wide else q.dtype
@@ -152,8 +165,12 @@ class TorchBackend(AttentionBackend):
         self.attn_scale = cfg.attn_scale
         self.k_layers, self.v_layers, self.kv_layers = kv.k_layers, kv.v_layers, kv.kv_layers
         self.min_window = min((w for w in self.layer_window if w > 0), default=0)
+        # CPU attention in one native call per layer where the extension is built (attn_native)
+        self.native = attn_native.supports(kv.dtype, kv.device)
 
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
+        if self.native:
+            return self._prepare_native(seqs, ids)
         if len(seqs) == 1 and seqs[0].n == 1:
             s = seqs[0]
             n_keys = s.start + 1
@@ -177,3 +194,17 @@ class TorchBackend(AttentionBackend):
         keys = SeqKeys.of(s.page_table, n_keys, ps, self.device)
         wide = self.device.type == "cpu" and 1 <= WIDE_MAX_ROWS and n_keys <= WIDE_MAX_KEYS
         return t[0:1], TorchStep(self, meta, wide, keys, pos, row)
+
+    def _prepare_native(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
+        """The step's token ids, positions and KV rows in one tensor, and its sequences for the
+        native kernel (no masks, padding or gathers: it reads the pages through the tables)."""
+        ps = self.kv.page_size
+        pos = [p for s in seqs for p in range(s.start, s.start + s.n)]
+        rows = [s.page_table[p // ps] * ps + p % ps for s in seqs for p in range(s.start, s.start + s.n)]
+        t = torch.tensor([ids, pos, rows], dtype=torch.int64, device=self.device)
+        self.rope.ensure(max(s.start + s.n for s in seqs))
+        meta = AttnMeta(positions=t[1], write_rows=t[2], page_size=ps)
+        native = attn_native.NativeKeys([(s.start, s.n, s.page_table) for s in seqs], ps)
+        if len(seqs) == 1 and seqs[0].n == 1:  # one token: rotated and written in place (attend_qkv)
+            return t[0], TorchStep(self, meta, pos=pos[0], row=rows[0], native=native, one_token=True)
+        return t[0], TorchStep(self, meta, native=native)

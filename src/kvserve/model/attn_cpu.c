@@ -1,0 +1,430 @@
+/* Attention over the paged KV pool on the CPU, one call per layer (kvserve.model._attn).
+ *
+ * The arithmetic is llama.cpp's CPU flash attention for a row of queries at a time
+ * (ggml_compute_forward_flash_attn_ext_f16_one_chunk, the path llama-server takes for decode and
+ * for prompts of fewer than 64 tokens), on an x86 build with AVX-512:
+ *
+ *   for each query row and head:  q' = q rounded to the K cache's type (float16 or float32)
+ *     for each visible key j in position order:
+ *       s = dot(q', k_j) * scale            (the dot: 4 accumulators of 16 lanes over D in steps
+ *                                            of 64, fused multiply-adds, summed (a0+a2)+(a1+a3),
+ *                                            the lanes in _mm512_reduce_add_ps's tree; leftovers
+ *                                            in double)
+ *       softcap: s = c * tanhf(s / c)
+ *       if s > M: ms = expf(M - s), M = s, acc = acc * ms, vs = 1   else vs = expf(s - M), ms = 1
+ *       acc = fma(v_j, vs, acc)             (acc in the V cache's type: float16 rounds every step)
+ *       S = fma(S, ms, vs)
+ *     out = acc * (1 / S)
+ *
+ * A row's output depends on nothing but its own query and keys, walked in the same order whatever
+ * the batch (prefill chunk, cached prefix, decode batch of any width), the thread count or the
+ * instruction set: scalar and AVX-512 functions compute the same operations, so cached and uncached
+ * evaluations, batch widths and chunkings give the same bits.
+ *
+ * Keys: position p of a sequence lies in cache row table[p / page_size] * page_size + p % page_size;
+ * query row t (position pos) sees positions [max(0, pos - window + 1), pos] (window 0: [0, pos]).
+ * Threads: one OpenMP region per call, (row, head) items shared out dynamically.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define ATTN_X86 1
+#include <immintrin.h>
+#endif
+
+/* ---- float16 <-> float32, round to nearest even (what F16C does) ---- */
+
+static inline float h2f(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    uint32_t bits;
+    if (e == 0x1f) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else if (e == 0) {
+        if (m == 0) {
+            bits = sign;
+        } else { /* subnormal: m * 2^-24, exact in float32 */
+            float f = (float)m * 0x1p-24f;
+            memcpy(&bits, &f, 4);
+            bits |= sign;
+        }
+    } else {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0); /* inf, nan */
+    if (ax >= 0x477ff000u) return sign | 0x7c00;                                   /* rounds to inf */
+    if (ax < 0x38800000u) { /* result subnormal or zero: round ax * 2^24 to an integer */
+        float a;
+        memcpy(&a, &ax, 4);
+        const float r = a * 0x1p24f; /* exact (a power of two) */
+        /* round half to even of r (< 1024) */
+        const float fl = floorf(r), d = r - fl;
+        uint32_t m = (uint32_t)fl;
+        if (d > 0.5f || (d == 0.5f && (m & 1))) m++;
+        return sign | (uint16_t)m;
+    }
+    uint32_t m = ax + 0xc8000fffu + ((ax >> 13) & 1); /* rebias exponent by -112, round (RNE) */
+    return sign | (uint16_t)(m >> 13);
+}
+
+static inline float r16(float f) { return h2f(f2h(f)); }
+
+/* ---- one item: rows [t0, t0 + R) of one sequence and the G query heads of one kv head ---- */
+
+#define MAX_CHAINS 32 /* R * G (row, head) pairs of an item */
+#define MAX_ROWS 4
+#define KB_MAX 32 /* keys per block (the AVX-512 functions) */
+
+typedef struct {
+    const float *q[MAX_CHAINS];   /* each pair's query, D floats */
+    float *out[MAX_CHAINS];
+    int64_t lo[MAX_CHAINS], hi[MAX_CHAINS]; /* each pair's key positions [lo, hi) */
+    int n;                        /* pairs */
+    int64_t lo_all, hi_all;       /* the union of their key ranges */
+    const char *k, *v;            /* cache bases of this kv head: element (row r, d) at base + (r * rs + d) * es */
+    int64_t rs;                   /* cache row stride in elements */
+    const int64_t *table;
+    int64_t ps;
+} item;
+
+typedef struct {
+    int64_t D;
+    int f16; /* K and V float16 (else float32) */
+    float scale, softcap;
+} params;
+
+static inline float ld(const char *base, int64_t i, int f16) {
+    return f16 ? h2f(((const uint16_t *)base)[i]) : ((const float *)base)[i];
+}
+
+static inline float score(float s, const params *p) {
+    s = s * p->scale;
+    if (p->softcap != 0.0f) s = p->softcap * tanhf(s);
+    return s;
+}
+
+/* the scalar reference: each pair on its own */
+
+/* llama.cpp's ggml_vec_dot_f16 / ggml_vec_dot_f32 on AVX-512, element for element */
+static float dot_ref(const float *q, const char *k, int f16, int64_t D) {
+    float a[4][16] = {{0}};
+    const int64_t np = D & ~(int64_t)63;
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 16; l++) {
+                const int64_t d = i + 16 * j + l;
+                a[j][l] = fmaf(q[d], ld(k, d, f16), a[j][l]);
+            }
+    float x[16], t3[8], t6[4];
+    for (int l = 0; l < 16; l++) x[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+    for (int l = 0; l < 8; l++) t3[l] = x[l + 8] + x[l];
+    for (int l = 0; l < 4; l++) t6[l] = t3[l + 4] + t3[l];
+    float r = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+    if (np < D) {
+        double s = r;
+        for (int64_t d = np; d < D; d++) s += (double)(q[d] * ld(k, d, f16));
+        r = (float)s;
+    }
+    return r;
+}
+
+static void pair_ref(const item *it, int c, const params *p, float *qb, float *acc) {
+    const int64_t D = p->D;
+    const size_t es = p->f16 ? 2 : 4;
+    for (int64_t d = 0; d < D; d++) qb[d] = p->f16 ? r16(it->q[c][d]) : it->q[c][d];
+    memset(acc, 0, D * sizeof(float));
+    float M = -INFINITY, S = 0.0f;
+    for (int64_t pos = it->lo[c]; pos < it->hi[c]; pos++) {
+        const int64_t row = it->table[pos / it->ps] * it->ps + pos % it->ps;
+        const char *kr = it->k + (size_t)(row * it->rs) * es, *vr = it->v + (size_t)(row * it->rs) * es;
+        const float s = score(dot_ref(qb, kr, p->f16, D), p);
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            ms = expf(M - s);
+            M = s;
+            for (int64_t d = 0; d < D; d++) acc[d] = p->f16 ? r16(acc[d] * ms) : acc[d] * ms;
+        } else {
+            vs = expf(s - M);
+        }
+        for (int64_t d = 0; d < D; d++) {
+            const float y = fmaf(ld(vr, d, p->f16), vs, acc[d]);
+            acc[d] = p->f16 ? r16(y) : y;
+        }
+        S = fmaf(S, ms, vs);
+    }
+    const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int64_t d = 0; d < D; d++) it->out[c][d] = acc[d] * inv;
+}
+
+static void item_ref(const item *it, const params *p, float *buf) {
+    for (int c = 0; c < it->n; c++) pair_ref(it, c, p, buf, buf + p->D);
+}
+
+/* ---- the same with AVX-512 (D a multiple of 64): the item's pairs walk the keys together, each
+ * key row read and converted once, their independent accumulators overlapping ---- */
+
+#ifdef ATTN_X86
+#define T512 __attribute__((target("avx512f,avx512dq,fma,f16c")))
+
+T512 static inline __m512 ld16(const char *base, int64_t d, int f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + d)));
+    return _mm512_loadu_ps((const float *)base + d);
+}
+
+T512 static inline __m512 round16(__m512 x) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* The keys in blocks of KB: (1) every pair's scores of the block, (2) each pair's online-softmax
+ * factors in key order, (3) the V accumulation, a key at a time over the pairs. The same operations
+ * per pair as pair_ref, grouped so that independent pairs and keys overlap. */
+#define KB KB_MAX
+
+/* buf: pairs' queries (n * D), accumulators (n * D), the block's K and V as float32 (2 * KB * D) */
+T512 static void item_512(const item *it, const params *p, float *buf) {
+    const int64_t D = p->D;
+    const int f16 = p->f16, n = it->n;
+    const size_t es = f16 ? 2 : 4;
+    float *qb = buf, *acc = buf + n * D, *kb = acc + n * D, *vb = kb + KB * D;
+    float M[MAX_CHAINS], S[MAX_CHAINS];
+    float sc[MAX_CHAINS][KB], msv[MAX_CHAINS][KB], vsv[MAX_CHAINS][KB];
+    for (int c = 0; c < n; c++) {
+        for (int64_t d = 0; d < D; d += 16) {
+            const __m512 x = _mm512_loadu_ps(it->q[c] + d);
+            _mm512_storeu_ps(qb + c * D + d, f16 ? round16(x) : x);
+            _mm512_storeu_ps(acc + c * D + d, _mm512_setzero_ps());
+        }
+        M[c] = -INFINITY;
+        S[c] = 0.0f;
+    }
+    const int64_t ps = it->ps;
+    for (int64_t b0 = it->lo_all; b0 < it->hi_all; b0 += KB) {
+        const int nk = (int)(it->hi_all - b0 < KB ? it->hi_all - b0 : KB);
+        for (int j = 0; j < nk; j++) { /* the block's K and V rows, converted once */
+            const int64_t pos = b0 + j, row = it->table[pos / ps] * ps + pos % ps;
+            const char *kr = it->k + (size_t)(row * it->rs) * es, *vr = it->v + (size_t)(row * it->rs) * es;
+            for (int64_t d = 0; d < D; d += 16) {
+                _mm512_storeu_ps(kb + j * D + d, ld16(kr, d, f16));
+                _mm512_storeu_ps(vb + j * D + d, ld16(vr, d, f16));
+            }
+        }
+        for (int c = 0; c < n; c++) { /* (1) scores */
+            const float *qc = qb + c * D;
+            for (int j = 0; j < nk; j++) {
+                const float *kj = kb + j * D;
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t i = 0; i < D; i += 64) {
+                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i), _mm512_loadu_ps(kj + i), a0);
+                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i + 16), _mm512_loadu_ps(kj + i + 16), a1);
+                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i + 32), _mm512_loadu_ps(kj + i + 32), a2);
+                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i + 48), _mm512_loadu_ps(kj + i + 48), a3);
+                }
+                a0 = _mm512_add_ps(a0, a2);
+                a1 = _mm512_add_ps(a1, a3);
+                a0 = _mm512_add_ps(a0, a1);
+                sc[c][j] = score(_mm512_reduce_add_ps(a0), p);
+            }
+        }
+        for (int c = 0; c < n; c++) { /* (2) softmax factors; a key outside the pair's range: ms = vs = 0 */
+            const int j0 = (int)(it->lo[c] > b0 ? it->lo[c] - b0 : 0);
+            const int j1 = (int)(it->hi[c] - b0 < nk ? it->hi[c] - b0 : nk);
+            float m = M[c], sum = S[c];
+            for (int j = 0; j < nk; j++) {
+                if (j < j0 || j >= j1) {
+                    msv[c][j] = vsv[c][j] = 0.0f;
+                    continue;
+                }
+                const float s = sc[c][j];
+                float ms = 1.0f, vs = 1.0f;
+                if (s > m) {
+                    ms = expf(m - s);
+                    m = s;
+                } else {
+                    vs = expf(s - m);
+                }
+                msv[c][j] = ms;
+                vsv[c][j] = vs;
+                sum = fmaf(sum, ms, vs);
+            }
+            M[c] = m;
+            S[c] = sum;
+        }
+        for (int j = 0; j < nk; j++) { /* (3) acc = acc * ms (a new maximum); acc = fma(v, vs, acc) */
+            const float *vj = vb + j * D;
+            for (int c = 0; c < n; c++) {
+                const float ms = msv[c][j], vs = vsv[c][j];
+                if (vs == 0.0f && ms == 0.0f) continue; /* (outside the pair's keys) */
+                float *ac = acc + c * D;
+                const __m512 vv = _mm512_set1_ps(vs);
+                if (ms != 1.0f) {
+                    const __m512 vm = _mm512_set1_ps(ms);
+                    for (int64_t d = 0; d < D; d += 16) {
+                        __m512 y = _mm512_mul_ps(_mm512_loadu_ps(ac + d), vm);
+                        if (f16) y = round16(y);
+                        y = _mm512_fmadd_ps(_mm512_loadu_ps(vj + d), vv, y);
+                        _mm512_storeu_ps(ac + d, f16 ? round16(y) : y);
+                    }
+                } else {
+                    for (int64_t d = 0; d < D; d += 16) {
+                        const __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(vj + d), vv, _mm512_loadu_ps(ac + d));
+                        _mm512_storeu_ps(ac + d, f16 ? round16(y) : y);
+                    }
+                }
+            }
+        }
+    }
+    for (int c = 0; c < n; c++) {
+        const __m512 inv = _mm512_set1_ps(S[c] == 0.0f ? 0.0f : 1.0f / S[c]);
+        for (int64_t d = 0; d < D; d += 16)
+            _mm512_storeu_ps(it->out[c] + d, _mm512_mul_ps(_mm512_loadu_ps(acc + c * D + d), inv));
+    }
+}
+
+static int has_512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+#else
+static int has_512(void) { return 0; }
+#endif
+
+/* ---- the call ---- */
+
+typedef struct {
+    const float *q;
+    int64_t qrs, H, Hkv, D;     /* query row stride (elements), heads, kv heads, head dim */
+    const char *k, *v;
+    int64_t krs;                /* K/V cache row stride in elements (Hkv * D for a contiguous pool) */
+    const int64_t *seqs;        /* [n_seq, 4]: first query row, rows, first position, table offset */
+    int64_t n_seq;
+    const int64_t *tables;      /* page tables, concatenated */
+    int64_t ps, window;
+    float *out;
+    int64_t ors;                /* output row stride */
+} call;
+
+typedef struct {
+    int64_t seq, t0, rows, hk;
+} task;
+
+static void make_item(const call *c, const params *p, const task *tk, item *it) {
+    const int64_t *sq = c->seqs + 4 * tk->seq, g = c->H / c->Hkv, D = p->D;
+    const size_t es = p->f16 ? 2 : 4;
+    it->n = 0;
+    it->lo_all = INT64_MAX;
+    it->hi_all = 0;
+    for (int64_t t = tk->t0; t < tk->t0 + tk->rows; t++) {
+        const int64_t pos = sq[2] + (t - sq[0]);
+        const int64_t lo = c->window > 0 && pos + 1 > c->window ? pos + 1 - c->window : 0;
+        for (int64_t h = tk->hk * g; h < (tk->hk + 1) * g; h++) {
+            const int i = it->n++;
+            it->q[i] = c->q + t * c->qrs + h * D;
+            it->out[i] = c->out + t * c->ors + h * D;
+            it->lo[i] = lo;
+            it->hi[i] = pos + 1;
+        }
+        if (lo < it->lo_all) it->lo_all = lo;
+        if (pos + 1 > it->hi_all) it->hi_all = pos + 1;
+    }
+    it->k = c->k + (size_t)(tk->hk * D) * es;
+    it->v = c->v + (size_t)(tk->hk * D) * es;
+    it->rs = c->krs;
+    it->table = c->tables + sq[3];
+    it->ps = c->ps;
+}
+
+static void attend(const call *c, const params *p, int nthreads, int isa) {
+    const int64_t g = c->H / c->Hkv, D = p->D;
+    const int64_t R = g >= MAX_CHAINS ? 1 : (MAX_CHAINS / g < MAX_ROWS ? MAX_CHAINS / g : MAX_ROWS);
+    int64_t n_tasks = 0, work = 0;
+    for (int64_t s = 0; s < c->n_seq; s++) {
+        const int64_t n = c->seqs[4 * s + 1], p0 = c->seqs[4 * s + 2];
+        n_tasks += (n + R - 1) / R * c->Hkv;
+        work += n * (c->window > 0 && p0 + n > c->window ? c->window : p0 + n);
+    }
+    task *tasks = malloc((size_t)(n_tasks > 0 ? n_tasks : 1) * sizeof(task));
+    int64_t k = 0;
+    for (int64_t s = 0; s < c->n_seq; s++) {
+        const int64_t q0 = c->seqs[4 * s], n = c->seqs[4 * s + 1];
+        for (int64_t t = q0; t < q0 + n; t += R)
+            for (int64_t hk = 0; hk < c->Hkv; hk++) tasks[k++] = (task){s, t, t + R < q0 + n ? R : q0 + n - t, hk};
+    }
+    /* threads only where the work pays for waking them (~0.1 ms of it) */
+    if (nthreads < 1 || work * c->H * D < (1 << 20)) nthreads = 1;
+    const int use512 = isa && D % 64 == 0 && g <= MAX_CHAINS;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *buf = aligned_alloc(64, ((size_t)(2 * MAX_CHAINS * D + 2 * KB_MAX * D + 16) * sizeof(float) + 63) / 64 * 64);
+        item it;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_tasks; i++) {
+            task tk = tasks[i];
+            if (!use512) tk.rows = 1; /* (the scalar functions take any item; keep it small) */
+            for (int64_t t = tasks[i].t0; t < tasks[i].t0 + tasks[i].rows; t += tk.rows) {
+                tk.t0 = t;
+                make_item(c, p, &tk, &it);
+#ifdef ATTN_X86
+                if (use512)
+                    item_512(&it, p, buf);
+                else
+#endif
+                    item_ref(&it, p, buf);
+            }
+        }
+        free(buf);
+    }
+    free(tasks);
+}
+
+/* ---- Python ---- */
+
+static PyObject *py_attend(PyObject *self, PyObject *args) {
+    unsigned long long qp, kp, vp, sp, tp, op;
+    long long qrs, H, Hkv, D, krs, n_seq, ps, window, ors;
+    int f16, nthreads, isa;
+    float scale, softcap;
+    if (!PyArg_ParseTuple(args, "KLLLLKKLiKLKLLKLffii", &qp, &qrs, &H, &Hkv, &D, &kp, &vp, &krs, &f16, &sp, &n_seq,
+                          &tp, &ps, &window, &op, &ors, &scale, &softcap, &nthreads, &isa))
+        return NULL;
+    if (H <= 0 || Hkv <= 0 || H % Hkv || D <= 0 || ps <= 0 || n_seq < 0) {
+        PyErr_SetString(PyExc_ValueError, "attn.attend: bad shape");
+        return NULL;
+    }
+    call c = {(const float *)qp, qrs, H, Hkv, D, (const char *)kp, (const char *)vp, krs, (const int64_t *)sp,
+              n_seq, (const int64_t *)tp, ps, window, (float *)op, ors};
+    params p = {D, f16, softcap != 0.0f ? scale / softcap : scale, softcap};
+    if (isa < 0 || isa > 1) isa = 1;
+    if (isa && !has_512()) isa = 0;
+    Py_BEGIN_ALLOW_THREADS
+    attend(&c, &p, nthreads, isa);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_best_isa(PyObject *self, PyObject *args) { return PyLong_FromLong(has_512()); }
+
+static PyMethodDef methods[] = {
+    {"attend", py_attend, METH_VARARGS,
+     "attend(q, q_row_stride, H, Hkv, D, k, v, kv_row_stride, f16, seqs, n_seq, tables, page_size, window, out, "
+     "out_row_stride, scale, softcap, nthreads, isa): one layer's attention (pointers as integers)"},
+    {"best_isa", py_best_isa, METH_NOARGS, "1 where the AVX-512 functions run, else 0 (scalar)"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attn", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__attn(void) { return PyModule_Create(&module); }

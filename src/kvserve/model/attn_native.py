@@ -1,0 +1,86 @@
+"""CPU attention over the paged KV pool in one native call per layer (``attn_cpu.c``).
+
+llama.cpp's CPU flash-attention arithmetic (its path for decode and short prompts): per query row
+and head, the query rounded to the cache's type, each visible key's score and an online softmax
+with V accumulated in the cache's type, keys walked in position order. A row's output depends on
+its own query and keys only, so every batch shape (prefill chunk, cached prefix, decode batch of
+any width), chunking and thread count gives the same bits.
+
+``NativeKeys`` describes where a step's sequences are (built once per step); ``attend`` runs one
+layer. The extension ``_attn`` is built at install time (``setup.py``); without it, or with
+``KVSERVE_NATIVE=0``, the torch backend computes attention with SDPA (``attention.py``), the
+readable reference. ``KVSERVE_ATTN_ISA=scalar`` runs the scalar reference functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+try:
+    from . import _attn  # type: ignore[attr-defined]
+except ImportError:  # not built: torch SDPA runs instead
+    _attn = None
+
+KV_DTYPES = (torch.float16, torch.float32)
+
+
+def available() -> bool:
+    env = os.environ
+    return _attn is not None and env.get("KVSERVE_NATIVE", "1") != "0" and env.get("KVSERVE_NATIVE_ATTN", "1") != "0"
+
+
+def supports(kv_dtype: torch.dtype, device: torch.device) -> bool:
+    return available() and device.type == "cpu" and kv_dtype in KV_DTYPES
+
+
+def _isa() -> int:
+    return 0 if os.environ.get("KVSERVE_ATTN_ISA") == "scalar" else 1
+
+
+class NativeKeys:
+    """The sequences of one step, in batch order: each as (first position, rows, page table)."""
+
+    def __init__(self, seqs: Sequence[tuple[int, int, Sequence[int]]], page_size: int) -> None:
+        info: list[int] = []
+        tables: list[int] = []
+        q = 0
+        for start, n, table in seqs:
+            n_pages = -(-(start + n) // page_size)
+            info += (q, n, start, len(tables))
+            tables += table[:n_pages]
+            q += n
+        self.n_seq = len(seqs)
+        self.rows = q
+        self.page_size = page_size
+        self.info = torch.tensor(info, dtype=torch.int64)
+        self.tables = torch.tensor(tables or [0], dtype=torch.int64)
+
+
+def attend(
+    q: torch.Tensor, kv: torch.Tensor, keys: NativeKeys, window: int, scale: float, out: torch.Tensor | None = None,
+    softcap: float = 0.0, threads: int | None = None, isa: int | None = None,
+) -> torch.Tensor:
+    """q [T, H, D] (computed in float32; any row stride), ``kv`` a layer's K and
+    V side by side [2, rows, Hkv, D] (float16 or float32, this step's rows written). Returns
+    float32 [T, H, D] (into ``out`` if given)."""
+    assert _attn is not None
+    t, h, d = q.shape
+    if q.dtype != torch.float32 or q.stride(2) != 1 or q.stride(1) != d:
+        q = q.float().contiguous()
+    assert kv.dim() == 4 and kv.shape[0] == 2 and kv.stride(3) == 1 and kv.stride(2) == d and kv.dtype in KV_DTYPES
+    assert t == keys.rows
+    hkv = kv.shape[2]
+    if out is None:
+        out = torch.empty((t, h, d), dtype=torch.float32)
+    assert out.dtype == torch.float32 and out.stride(2) == 1 and out.stride(1) == d
+    k, v = kv[0], kv[1]
+    _attn.attend(
+        q.data_ptr(), q.stride(0), h, hkv, d, k.data_ptr(), v.data_ptr(), k.stride(0),
+        int(kv.dtype == torch.float16), keys.info.data_ptr(), keys.n_seq, keys.tables.data_ptr(), keys.page_size,
+        window, out.data_ptr(), out.stride(0), scale, softcap,
+        torch.get_num_threads() if threads is None else threads, _isa() if isa is None else isa,
+    )
+    return out
