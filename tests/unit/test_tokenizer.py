@@ -427,3 +427,24 @@ def test_long_texts_and_concurrent_encodes_match_short_ones(request: pytest.Fixt
     for t in threads:
         t.join()
     assert not bad
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def test_literal_tokenizer_shares_the_model(gemma_meta: dict[str, Any]) -> None:
+    """The parse_special=False object is built around the first one's BPE model: the same
+    configuration, special tokens encoded as text, and no second copy of the vocabulary and its
+    merges (Gemma 3's 262k tokens: ~300 MiB when the object was rebuilt from its JSON)."""
+    tok = Tokenizer.from_metadata(dict(gemma_meta))
+    assert tok._hf_literal is None  # SPM: nothing needed it yet
+    before = _rss_mib()
+    lit = tok._literal()
+    assert _rss_mib() - before < 16
+    assert json.loads(lit.to_str()) == json.loads(tok._hf.to_str())
+    eot = "<end_of_turn>"
+    assert tok.encode(eot, False, True) == [tok.vocab.token_to_id[eot]]
+    assert tok.encode(eot, False, False) == lit.encode(eot, add_special_tokens=False).ids
+    assert tok.vocab.token_to_id[eot] not in tok.encode(eot, False, False)

@@ -65,13 +65,14 @@ def _build_bpe(vocab: VocabInfo) -> HFTokenizer:
         if pair is not None and pair[0] in vocab.token_to_id and pair[1] in vocab.token_to_id:
             if pair[0] + pair[1] in vocab.token_to_id:
                 pairs.append(pair)
-    model = models.BPE(vocab=dict(vocab.token_to_id), merges=pairs, ignore_merges=spec.ignore_merges)
-    hf = HFTokenizer(model)
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.regexes]
+    return HFTokenizer(models.BPE(vocab=dict(vocab.token_to_id), merges=pairs, ignore_merges=spec.ignore_merges))
+
+
+def _dress_bpe(hf: HFTokenizer, vocab: VocabInfo) -> None:
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre_tokenizer_for(vocab.pre).regexes]
     hf.pre_tokenizer = pre_tokenizers.Sequence(
         [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
-    return hf
 
 
 def _build_spm(vocab: VocabInfo) -> HFTokenizer:
@@ -92,13 +93,14 @@ def _build_spm(vocab: VocabInfo) -> HFTokenizer:
             if left in t2i and right in t2i:
                 ranked.append((-scores[tid], tid, k, left, right))
     ranked.sort()
-    model = models.BPE(
+    return HFTokenizer(models.BPE(
         vocab=dict(t2i), merges=[(r[3], r[4]) for r in ranked], byte_fallback=True, fuse_unk=False
-    )
-    hf = HFTokenizer(model)
+    ))
+
+
+def _dress_spm(hf: HFTokenizer, vocab: VocabInfo) -> None:
     steps = [normalizers.Prepend(_SPACE_MARK)] if vocab.add_space_prefix else []
     hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPACE_MARK)])
-    return hf
 
 
 def _add_special_tokens(hf: HFTokenizer, vocab: VocabInfo) -> None:
@@ -114,11 +116,23 @@ def _add_special_tokens(hf: HFTokenizer, vocab: VocabInfo) -> None:
     ])
 
 
-def build_hf_tokenizer(vocab: VocabInfo) -> HFTokenizer:
-    """The ``tokenizers`` object that encodes text for ``vocab``."""
-    hf = _build_spm(vocab) if vocab.model == "llama" else _build_bpe(vocab)
+def _dress(hf: HFTokenizer, vocab: VocabInfo) -> HFTokenizer:
+    """Everything of the ``tokenizers`` object around its model: normalizer or pre-tokenizer,
+    and the special tokens."""
+    (_dress_spm if vocab.model == "llama" else _dress_bpe)(hf, vocab)
     _add_special_tokens(hf, vocab)
     return hf
+
+
+def build_hf_tokenizer(vocab: VocabInfo) -> HFTokenizer:
+    """The ``tokenizers`` object that encodes text for ``vocab``."""
+    return _dress(_build_spm(vocab) if vocab.model == "llama" else _build_bpe(vocab), vocab)
+
+
+def sibling_hf_tokenizer(hf: HFTokenizer, vocab: VocabInfo) -> HFTokenizer:
+    """A second ``tokenizers`` object for ``vocab`` built around ``hf``'s own BPE model (shared,
+    not copied: a 151k-token vocabulary and its merges are ~30 MiB), configured as ``hf`` is."""
+    return _dress(HFTokenizer(hf.model), vocab)
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -289,7 +303,7 @@ class Tokenizer:
         if hf is None:
             with self._lock:
                 if self._hf_literal is None:
-                    lit = HFTokenizer.from_str(self._hf.to_str())
+                    lit = sibling_hf_tokenizer(self._hf, self.vocab)
                     lit.encode_special_tokens = True
                     self._hf_literal = lit
                 hf = self._hf_literal
