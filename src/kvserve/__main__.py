@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         serve_router(cfg, sys.argv[1:] if argv is None else argv, s.models_dir, s.models_max, s.models_autoload,
                      s.models_preset)
         return
-    from .router.serve import watch_router_stdin
+    from .router.child import watch_router_stdin
     from .server.http_server import serve
 
     watch_router_stdin()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,23 +21,6 @@ from kvserve.server.http_server import bind_sockets, listen_url
 from kvserve.server.settings import ServerSettings
 
 log = logging.getLogger("kvserve.router")
-
-
-def watch_router_stdin() -> None:
-    """In a child a router spawned (``LLAMA_SERVER_ROUTER_PORT`` set): exit when the router's end
-    of stdin closes, so that no child outlives its router."""
-    if "LLAMA_SERVER_ROUTER_PORT" not in os.environ:
-        return
-
-    def watch() -> None:
-        try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-        os._exit(0)
-
-    threading.Thread(target=watch, name="kvserve-router-stdin", daemon=True).start()
 
 
 class _RouterServer(uvicorn.Server):
