@@ -34,7 +34,7 @@ _VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.gg
 def drop_load_temporaries(loaded: Any) -> None:
     """Once the tokenizer and the engine exist: the metadata's vocabulary arrays (read once by
     the tokenizer, which keeps what it needs) go, and freed memory goes back to the OS."""
-    from .model.loader import release_free_memory
+    from .model.heap import release_free_memory
 
     for key in _VOCAB_ARRAYS:
         loaded.metadata.pop(key, None)
@@ -110,7 +110,7 @@ def _release_device_memory() -> None:
     """After the engine is dropped (sleeping): freed host memory back to the OS, and CUDA's cache."""
     import torch
 
-    from .model.loader import release_free_memory
+    from .model.heap import release_free_memory
 
     release_free_memory()
     if torch.cuda.is_available():

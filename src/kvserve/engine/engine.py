@@ -33,6 +33,7 @@ import torch
 
 from ..cache.manager import KVCacheManager
 from ..grammar import GrammarCompiler
+from ..model import heap
 from ..model.chat_template import ChatTemplate
 from ..model.loader import LoadedModel
 from ..model.runner import ModelRunner
@@ -48,6 +49,12 @@ from .snapshot import EngineSnapshot, SlotView, build_snapshot
 from .stats import EngineStats, throughput
 
 log = logging.getLogger("kvserve.engine")
+
+# A prefill's temporaries stay resident in glibc's arenas after they are freed (~100-200 MiB on
+# the CPU for a 700-token prompt; docs/benchmarks.md §6). Once the engine has been idle this
+# long after one, they go back to the OS (``heap.trim``). Not sooner: the next prefill then
+# faults those pages in again (~1-2% of its time), which a burst of requests should not pay.
+TRIM_IDLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,8 @@ class Engine:
         self._snap: EngineSnapshot = build_snapshot(self.scheduler, self.cache, page_bytes)
         self._scrape_lock = threading.Lock()  # /metrics scrapers only; never the engine thread
         self._scraped_rates = self._snap.rates
+        self._trim_due = False  # a prefill ran since freed memory last went back to the OS
+        self._busy_at = 0.0  # when the engine last ran a step (time.monotonic)
 
     # -- facade (any thread) ---------------------------------------------------------------
     def new_request_id(self) -> int:
@@ -284,6 +293,8 @@ class Engine:
                 f"input ({len(tokens)} tokens) is too large to process. increase the physical batch size "
                 f"(current batch size: {self.opts.n_ubatch})", 500, "server_error")
         seq_id = -2_000_000 - self.new_request_id()
+        self._trim_due = True
+        self._busy_at = time.monotonic()
         self.cache.begin(seq_id, ("embedding",), tokens, use_cache=False)
         try:
             table = tuple(self.cache.reserve(seq_id, len(tokens)))
@@ -374,6 +385,9 @@ class Engine:
         while not self._stop.is_set():
             try:
                 idle = not self.scheduler.has_work() and self.loop.in_flight is None
+                if idle and self._trim_due and time.monotonic() - self._busy_at >= TRIM_IDLE_S:
+                    self._trim_due = False
+                    heap.trim()
                 self._drain(block=self.fatal is not None or idle)
                 if self.fatal is None:
                     self.step()
@@ -396,6 +410,7 @@ class Engine:
     def _step(self) -> bool:
         ran = self.loop.step(self._before_launch)
         if ran:
+            self._busy_at = time.monotonic()
             if self.opts.check_integrity:
                 self.cache.check_integrity()
             if self.step_hook is not None:
@@ -403,7 +418,9 @@ class Engine:
         return ran
 
     def _before_launch(self, plan: Plan) -> None:
-        if self.scheduler.n_changes != self._changes_published or any(len(c.tokens) != 1 for c in plan.chunks):
+        prefill = any(len(c.tokens) != 1 for c in plan.chunks)
+        self._trim_due = self._trim_due or prefill
+        if self.scheduler.n_changes != self._changes_published or prefill:
             self._publish()  # what is running during the forward (admissions, slots)
 
     def _recover(self, e: BaseException) -> None:

@@ -26,6 +26,7 @@ from .arch import ARCHITECTURES
 from .config import ModelConfig, RopeOverride, UnsupportedModelError, config_from_metadata
 from .fuse import fuse_dense
 from .gguf_meta import read_gguf
+from .heap import release_free_memory, set_mmap_threshold
 from .quant import dequantize
 from .quant.build import RawTensor, WeightSummary, add_to_summary, cpu_kernels, dense_on, fuse_groups, linear
 from .quant.embedding import PlaneEmbedding, QuantEmbedding
@@ -117,36 +118,11 @@ def _no_init() -> Iterator[None]:
             c.reset_parameters = f  # type: ignore[method-assign]
 
 
-def _glibc() -> Any:
-    import ctypes
-
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc: nothing to tune
-        return None
-
-
-_M_MMAP_THRESHOLD = -3
-
-
 def _mmap_threshold(nbytes: int) -> None:
     """Allocations above ``nbytes`` get their own mapping, returned to the OS when freed. While
     repacking, multi-MiB temporaries between the kept buffers would otherwise stay in glibc's
     heap as holes (hundreds of MiB of resident memory for a 135M-parameter model)."""
-    libc = _glibc()
-    if libc is not None:
-        libc.mallopt(_M_MMAP_THRESHOLD, nbytes)
-
-
-def release_free_memory() -> None:
-    """Hand freed temporaries (the loader's, the tokenizer build's) back to the OS: glibc keeps
-    them in its heap otherwise."""
-    import gc
-
-    gc.collect()
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
+    set_mmap_threshold(nbytes)
 
 
 def _module_bytes(model: nn.Module) -> int:
