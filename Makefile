@@ -14,9 +14,10 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# setup.py builds the native CPU kernels (src/kvserve/model/quant/qmm*.c, qmm*.h) into the editable install
-QMM_SRC := $(wildcard src/kvserve/model/quant/qmm*.c src/kvserve/model/quant/qmm*.h)
-$(STAMP): $(PY) pyproject.toml setup.py $(QMM_SRC)
+# setup.py builds the native CPU kernels (src/kvserve/model/quant/qmm*.c, qmm*.h; src/kvserve/model/attn_cpu.c)
+# into the editable install
+NATIVE_SRC := $(wildcard src/kvserve/model/quant/qmm*.c src/kvserve/model/quant/qmm*.h src/kvserve/model/attn_cpu.c)
+$(STAMP): $(PY) pyproject.toml setup.py $(NATIVE_SRC)
 	$(PY) -m pip install -q --upgrade pip
 	# Keep an existing torch (e.g. a CUDA build); otherwise take the pinned CPU wheel.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_PIN)"

@@ -3,18 +3,20 @@
  *
  * Input (little endian): int32 T, H, Hkv, D, L, pos0, f16, nthreads; float32 scale; then q float32
  * [H][T][D], k and v [Hkv][L][D] (float16 bits or float32). Query t sees keys [0, pos0 + t].
- * Output: float32 [T][H][D].
+ * Output: float32 [T][H][D]. An optional third argument repeats the computation that many times and
+ * prints the process CPU seconds per repetition.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ggml-cpu.h"
 #include "ggml.h"
 
 int main(int argc, char **argv) {
-    if (argc != 3) return 2;
+    if (argc != 3 && argc != 4) return 2;
     FILE *f = fopen(argv[1], "rb");
     if (!f) return 3;
     int hdr[8];
@@ -40,7 +42,17 @@ int main(int argc, char **argv) {
     struct ggml_tensor *o = ggml_flash_attn_ext(ctx, q, k, v, m, scale, 0.0f, 0.0f);
     struct ggml_cgraph *gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, o);
-    if (ggml_graph_compute_with_ctx(ctx, gf, nth) != GGML_STATUS_SUCCESS) return 8;
+    struct ggml_cplan plan = ggml_graph_plan(gf, nth, NULL);
+    plan.work_data = malloc(plan.work_size + 64);
+    if (ggml_graph_compute(gf, &plan) != GGML_STATUS_SUCCESS) return 8;
+    if (argc == 4) {
+        const int reps = atoi(argv[3]);
+        struct timespec a, b;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+        for (int r = 0; r < reps; r++) ggml_graph_compute(gf, &plan);
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+        printf("%.9f\n", ((b.tv_sec - a.tv_sec) + 1e-9 * (b.tv_nsec - a.tv_nsec)) / (reps > 0 ? reps : 1));
+    }
     FILE *g = fopen(argv[2], "wb");
     fwrite(o->data, 4, (size_t)T * H * D, g);
     fclose(g);

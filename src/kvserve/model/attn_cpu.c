@@ -189,6 +189,46 @@ T512 static inline __m512 round16(__m512 x) {
     return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+/* a key's 16 lane sums of q·k before the lane tree: (a0 + a2) + (a1 + a3) */
+T512 static inline __m512 dot_lanes(const float *q, const float *k, int64_t D) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < D; i += 64) {
+        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a0);
+        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), _mm512_loadu_ps(k + i + 16), a1);
+        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 32), _mm512_loadu_ps(k + i + 32), a2);
+        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 48), _mm512_loadu_ps(k + i + 48), a3);
+    }
+    return _mm512_add_ps(_mm512_add_ps(a0, a2), _mm512_add_ps(a1, a3));
+}
+
+/* the scores of 16 keys (k: 16 rows of D floats): each key's lane tree as _mm512_reduce_add_ps
+ * adds it (lanes i + 8 and i, then i + 4 and i, then 2 and 0, 3 and 1, then 1 and 0), 16 keys
+ * side by side */
+T512 static inline __m512 dots16(const float *q, const float *k, int64_t D, const params *p) {
+    __m512 y[8], z[4], w[2];
+    for (int m = 0; m < 8; m++) { /* keys 2m, 2m + 1: lanes i + 8 and i */
+        const __m512 x0 = dot_lanes(q, k + 2 * m * D, D), x1 = dot_lanes(q, k + (2 * m + 1) * D, D);
+        y[m] = _mm512_add_ps(_mm512_shuffle_f32x4(x0, x1, 0xEE), _mm512_shuffle_f32x4(x0, x1, 0x44));
+    }
+    for (int m = 0; m < 4; m++) /* keys 4m..4m + 3, a 128-bit block each: lanes i + 4 and i */
+        z[m] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * m], y[2 * m + 1], 0xDD),
+                             _mm512_shuffle_f32x4(y[2 * m], y[2 * m + 1], 0x88));
+    for (int m = 0; m < 2; m++) /* block b: keys 8m + b, 8m + 4 + b, lanes 0 + 2 and 1 + 3 */
+        w[m] = _mm512_add_ps(_mm512_shuffle_ps(z[2 * m], z[2 * m + 1], 0x44),
+                             _mm512_shuffle_ps(z[2 * m], z[2 * m + 1], 0xEE));
+    /* lane 4b + i: key b + 4i, lanes 0 + 1 */
+    const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512 s = _mm512_mul_ps(_mm512_permutexvar_ps(order, r), _mm512_set1_ps(p->scale));
+    if (p->softcap != 0.0f) {
+        float t[16];
+        _mm512_storeu_ps(t, s);
+        for (int i = 0; i < 16; i++) t[i] = p->softcap * tanhf(t[i]);
+        s = _mm512_loadu_ps(t);
+    }
+    return s;
+}
+
 /* The keys in blocks of KB: (1) every pair's scores of the block, (2) each pair's online-softmax
  * factors in key order, (3) the V accumulation, a key at a time over the pairs. The same operations
  * per pair as pair_ref, grouped so that independent pairs and keys overlap. */
@@ -222,21 +262,13 @@ T512 static void item_512(const item *it, const params *p, float *buf) {
                 _mm512_storeu_ps(vb + j * D + d, ld16(vr, d, f16));
             }
         }
-        for (int c = 0; c < n; c++) { /* (1) scores */
+        for (int c = 0; c < n; c++) { /* (1) scores: 16 keys' lane trees at a time, else one by one */
             const float *qc = qb + c * D;
-            for (int j = 0; j < nk; j++) {
-                const float *kj = kb + j * D;
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t i = 0; i < D; i += 64) {
-                    a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i), _mm512_loadu_ps(kj + i), a0);
-                    a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i + 16), _mm512_loadu_ps(kj + i + 16), a1);
-                    a2 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i + 32), _mm512_loadu_ps(kj + i + 32), a2);
-                    a3 = _mm512_fmadd_ps(_mm512_loadu_ps(qc + i + 48), _mm512_loadu_ps(kj + i + 48), a3);
-                }
-                a0 = _mm512_add_ps(a0, a2);
-                a1 = _mm512_add_ps(a1, a3);
-                a0 = _mm512_add_ps(a0, a1);
-                sc[c][j] = score(_mm512_reduce_add_ps(a0), p);
+            int j = 0;
+            for (; j + 16 <= nk; j += 16) _mm512_storeu_ps(sc[c] + j, dots16(qc, kb + j * D, D, p));
+            for (; j < nk; j++) {
+                const __m512 x = dot_lanes(qc, kb + j * D, D);
+                sc[c][j] = score(_mm512_reduce_add_ps(x), p);
             }
         }
         for (int c = 0; c < n; c++) { /* (2) softmax factors; a key outside the pair's range: ms = vs = 0 */
@@ -263,29 +295,40 @@ T512 static void item_512(const item *it, const params *p, float *buf) {
             M[c] = m;
             S[c] = sum;
         }
-        for (int j = 0; j < nk; j++) { /* (3) acc = acc * ms (a new maximum); acc = fma(v, vs, acc) */
-            const float *vj = vb + j * D;
-            for (int c = 0; c < n; c++) {
-                const float ms = msv[c][j], vs = vsv[c][j];
-                if (vs == 0.0f && ms == 0.0f) continue; /* (outside the pair's keys) */
-                float *ac = acc + c * D;
-                const __m512 vv = _mm512_set1_ps(vs);
-                if (ms != 1.0f) {
-                    const __m512 vm = _mm512_set1_ps(ms);
-                    for (int64_t d = 0; d < D; d += 16) {
-                        __m512 y = _mm512_mul_ps(_mm512_loadu_ps(ac + d), vm);
-                        if (f16) y = round16(y);
-                        y = _mm512_fmadd_ps(_mm512_loadu_ps(vj + d), vv, y);
-                        _mm512_storeu_ps(ac + d, f16 ? round16(y) : y);
-                    }
-                } else {
-                    for (int64_t d = 0; d < D; d += 16) {
-                        const __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(vj + d), vv, _mm512_loadu_ps(ac + d));
-                        _mm512_storeu_ps(ac + d, f16 ? round16(y) : y);
+        /* (3) acc = acc * ms (a new maximum); acc = fma(v, vs, acc): up to 4 pairs' accumulators
+         * of one 64-column slice in registers over the block's keys */
+        for (int64_t i = 0; i < D; i += 64)
+            for (int c0 = 0; c0 < n; c0 += 4) {
+                const int nc = n - c0 < 4 ? n - c0 : 4;
+                __m512 y[4][4];
+                for (int c = 0; c < nc; c++)
+                    for (int u = 0; u < 4; u++) y[c][u] = _mm512_loadu_ps(acc + (c0 + c) * D + i + 16 * u);
+                for (int j = 0; j < nk; j++) {
+                    const float *vj = vb + j * D + i;
+                    const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+                    const __m512 v2 = _mm512_loadu_ps(vj + 32), v3 = _mm512_loadu_ps(vj + 48);
+                    for (int c = 0; c < nc; c++) {
+                        const float ms = msv[c0 + c][j], vs = vsv[c0 + c][j];
+                        if (vs == 0.0f && ms == 0.0f) continue; /* (outside the pair's keys) */
+                        if (ms != 1.0f) {
+                            const __m512 vm = _mm512_set1_ps(ms);
+                            for (int u = 0; u < 4; u++) {
+                                y[c][u] = _mm512_mul_ps(y[c][u], vm);
+                                if (f16) y[c][u] = round16(y[c][u]);
+                            }
+                        }
+                        const __m512 vv = _mm512_set1_ps(vs);
+                        y[c][0] = _mm512_fmadd_ps(v0, vv, y[c][0]);
+                        y[c][1] = _mm512_fmadd_ps(v1, vv, y[c][1]);
+                        y[c][2] = _mm512_fmadd_ps(v2, vv, y[c][2]);
+                        y[c][3] = _mm512_fmadd_ps(v3, vv, y[c][3]);
+                        if (f16)
+                            for (int u = 0; u < 4; u++) y[c][u] = round16(y[c][u]);
                     }
                 }
+                for (int c = 0; c < nc; c++)
+                    for (int u = 0; u < 4; u++) _mm512_storeu_ps(acc + (c0 + c) * D + i + 16 * u, y[c][u]);
             }
-        }
     }
     for (int c = 0; c < n; c++) {
         const __m512 inv = _mm512_set1_ps(S[c] == 0.0f ? 0.0f : 1.0f / S[c]);

@@ -36,8 +36,7 @@ def supports(kv_dtype: torch.dtype, device: torch.device) -> bool:
     return available() and device.type == "cpu" and kv_dtype in KV_DTYPES
 
 
-def _isa() -> int:
-    return 0 if os.environ.get("KVSERVE_ATTN_ISA") == "scalar" else 1
+_ISA = 0 if os.environ.get("KVSERVE_ATTN_ISA") == "scalar" else 1
 
 
 class NativeKeys:
@@ -57,30 +56,31 @@ class NativeKeys:
         self.page_size = page_size
         self.info = torch.tensor(info, dtype=torch.int64)
         self.tables = torch.tensor(tables or [0], dtype=torch.int64)
+        self._ptrs = (self.info.data_ptr(), self.n_seq, self.tables.data_ptr(), page_size)
 
 
 def attend(
     q: torch.Tensor, kv: torch.Tensor, keys: NativeKeys, window: int, scale: float, out: torch.Tensor | None = None,
     softcap: float = 0.0, threads: int | None = None, isa: int | None = None,
 ) -> torch.Tensor:
-    """q [T, H, D] (computed in float32; any row stride), ``kv`` a layer's K and
-    V side by side [2, rows, Hkv, D] (float16 or float32, this step's rows written). Returns
-    float32 [T, H, D] (into ``out`` if given)."""
-    assert _attn is not None
+    """q [T, H, D] (computed in float32; any row stride), ``kv`` a layer's K and V side by side
+    [2, rows, Hkv, D] (float16 or float32, this step's rows written). Returns float32 [T, H, D]
+    (into ``out`` if given)."""
     t, h, d = q.shape
     if q.dtype != torch.float32 or q.stride(2) != 1 or q.stride(1) != d:
         q = q.float().contiguous()
-    assert kv.dim() == 4 and kv.shape[0] == 2 and kv.stride(3) == 1 and kv.stride(2) == d and kv.dtype in KV_DTYPES
-    assert t == keys.rows
-    hkv = kv.shape[2]
+    _, _, hkv, dk = kv.shape
+    if t != keys.rows or dk != d or kv.stride(2) != d or kv.stride(3) != 1 or kv.dtype not in KV_DTYPES:
+        raise ValueError("attn_native.attend: q, kv and keys do not match")
     if out is None:
         out = torch.empty((t, h, d), dtype=torch.float32)
-    assert out.dtype == torch.float32 and out.stride(2) == 1 and out.stride(1) == d
-    k, v = kv[0], kv[1]
-    _attn.attend(
-        q.data_ptr(), q.stride(0), h, hkv, d, k.data_ptr(), v.data_ptr(), k.stride(0),
-        int(kv.dtype == torch.float16), keys.info.data_ptr(), keys.n_seq, keys.tables.data_ptr(), keys.page_size,
+    elif out.dtype != torch.float32 or out.shape != q.shape or out.stride(2) != 1 or out.stride(1) != d:
+        raise ValueError("attn_native.attend: bad out")
+    k = kv.data_ptr()
+    v = k + kv.stride(0) * kv.element_size()  # V lies one K behind
+    _attn.attend(  # type: ignore[union-attr]
+        q.data_ptr(), q.stride(0), h, hkv, d, k, v, kv.stride(1), int(kv.dtype == torch.float16), *keys._ptrs,
         window, out.data_ptr(), out.stride(0), scale, softcap,
-        torch.get_num_threads() if threads is None else threads, _isa() if isa is None else isa,
+        torch.get_num_threads() if threads is None else threads, _ISA if isa is None else isa,
     )
     return out
