@@ -257,3 +257,18 @@ def test_health_reports_an_engine_that_cannot_serve() -> None:
     assert r.json() == {"error": {"code": 503, "message": "engine stopped after an internal error: boom",
                                   "type": "unavailable_error"}}
     assert c.get("/v1/health").status_code == 503
+
+
+def test_generation_and_other_routes_share_no_path() -> None:
+    """The app tries the generation routes first (the hot path is matched early); that order
+    changes nothing only while no request could match a route of both routers."""
+    from starlette.routing import Match
+
+    from kvserve.server import routes_generate, routes_misc
+
+    gen, misc = routes_generate.make_router(""), routes_misc.make_router("")
+    for a, b in ((gen, misc), (misc, gen)):
+        for r in a.routes:
+            for method in getattr(r, "methods", None) or ("GET",):
+                scope = {"type": "http", "path": r.path, "method": method, "root_path": ""}
+                assert all(q.matches(scope)[0] is Match.NONE for q in b.routes), (r.path, method)

@@ -448,3 +448,26 @@ def test_literal_tokenizer_shares_the_model(gemma_meta: dict[str, Any]) -> None:
     assert tok.encode(eot, False, True) == [tok.vocab.token_to_id[eot]]
     assert tok.encode(eot, False, False) == lit.encode(eot, add_special_tokens=False).ids
     assert tok.vocab.token_to_id[eot] not in tok.encode(eot, False, False)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_decode_of_lists_tuples_and_iterables_agree(request: pytest.FixtureRequest, model: str) -> None:
+    """Lists and tuples of valid ids take a join over the pieces; any other iterable, and ids
+    with hidden (control) tokens, the per-id loop: the same bytes either way."""
+    tok = _tok(request, model)
+    rng = random.Random(3)
+    control = [t for t in range(tok.n_vocab) if tok.decode([t]) == "" and tok.decode([t], special=True)]
+    assert control
+    for _ in range(50):
+        ids = [rng.randrange(tok.n_vocab) for _ in range(rng.randrange(1, 300))]
+        if rng.random() < 0.5:
+            ids.insert(rng.randrange(len(ids) + 1), rng.choice(control))
+        for special in (False, True):
+            want = b"".join(tok.token_bytes(t, special) for t in ids)
+            assert tok.decode_bytes(ids, special) == want
+            assert tok.decode_bytes(tuple(ids), special) == want
+            assert tok.decode_bytes(iter(ids), special) == want
+    with pytest.raises(ValueError):
+        tok.decode_bytes([5, tok.n_vocab])
+    with pytest.raises(ValueError):
+        tok.decode_bytes([-1, 5])

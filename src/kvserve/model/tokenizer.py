@@ -353,6 +353,10 @@ class Tokenizer:
         pieces = self._pieces
         n = len(pieces)
         hidden = self._hidden
+        if isinstance(ids, (list, tuple)) and ids and 0 <= min(ids) and max(ids) < n \
+                and (special or hidden.isdisjoint(ids)):
+            # the common case in C loops (a prompt's text for a final response: thousands of ids)
+            return b"".join(map(pieces.__getitem__, ids))
         out: list[bytes] = []
         for tid in ids:
             if not (0 <= tid < n):

@@ -58,7 +58,9 @@ def create_app(engine: EngineAPI, cfg: Any, mcp: McpManager | None = None) -> Fa
     # None: /tools answers 403; close() at shutdown
     app.state.agent_tools = agent_tools.setup(s, app.state.mcp)
 
-    routers = [routes_misc.make_router(s.api_prefix), routes_generate.make_router(s.api_prefix)]
+    # generation first: a request is routed by trying the routes in order, and no path of one
+    # router matches the other's (tests/compat/test_http_endpoints.py)
+    routers = [routes_generate.make_router(s.api_prefix), routes_misc.make_router(s.api_prefix)]
     for router in routers:
         app.include_router(router)
     if s.vertex is not None:  # before the Web UI: a --path mount must not shadow it
