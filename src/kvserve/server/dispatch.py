@@ -127,10 +127,13 @@ class EventQueue:
             w.set_result(None)
 
     def close(self) -> None:
-        """Disarm the timer (the request is over)."""
+        """Disarm the timer and wake a waiter (the request is over: it looks and sees that)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
 
 class Disconnectable(Protocol):
