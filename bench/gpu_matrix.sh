@@ -21,7 +21,8 @@
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
 # PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
-# once per setting (same run), SERVER_HTTPX=1 once with the httpx client (--client httpx) of
+# once per setting (same run), BURST_AB="VAR=VALUE ..." the bursts once per setting,
+# SERVER_HTTPX=1 once with the httpx client (--client httpx) of
 # the runs before bench/sse_client.py. A short unmeasured run first fills the kernel caches.
 # SERVER_CPU=1 then runs the 64 streams once more per tree
 # (baseline first) under bench/host_overhead.py --real-runner: the same server with the CPU time
@@ -134,6 +135,11 @@ if want server; then
   phase "server: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice (1B)"
   timeout 240 $PY bench/throughput.py --cmd "$SRV" --concurrency 64 --workloads shared --n-predict 64 \
       --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150
+  for AB in ${BURST_AB:-}; do  # e.g. BURST_AB="KVSERVE_SWITCH_INTERVAL_MS=1"
+    phase "server with $AB: 64-request burst, shared prefix, twice (1B)"
+    env "$AB" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name "$AB" --concurrency 64 --workloads shared \
+        --n-predict 64 --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150
+  done
   if [ -n "${SERVER_CPU:-}" ]; then
     phase "server threads' CPU time per token: 64 streams, 256 tokens each (1B, host_overhead.py --real-runner)"
     TREES=(--tree now=src)  # each tree's src goes first on the inherited PYTHONPATH

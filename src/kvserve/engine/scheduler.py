@@ -323,6 +323,10 @@ class Scheduler:
                     have = self.cache.lookup_len(seq.namespace, seq.tokens)
                 if most - have < ps:
                     continue
+                # sharing a page beyond what the cache holds needs the page after it equal: one
+                # short comparison rules most pairs out (a burst of n requests makes n² pairs)
+                if other.tokens[have : have + ps] != seq.tokens[have : have + ps]:
+                    continue
                 shared = min(lcp_len(other.tokens, seq.tokens), other.n_prompt)
                 if shared - have >= ps and other.n_computed < (shared // ps) * ps:
                     return  # stay WAIT_SHARED; re-checked every step
