@@ -465,10 +465,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cpu-time", action="store_true",
                    help="CPU: rates per process CPU second instead of per wall second (use with --threads 1 "
                         "on a shared machine; run a baseline tree's src with the same script to compare)")
-    p.add_argument("--cpu-attention", default="default", choices=["default", "f64", "f32", "both"],
-                   help="CPU, float32 activations: attention of small steps in float64 as the tree does "
-                        "(backends.torch_ref.WIDE_MAX_ROWS / WIDE_MAX_KEYS) or all in float32; both: one "
-                        "row each (the two alternating per model)")
+    p.add_argument("--cpu-attention", default="default", choices=["default", "native", "f64", "f32", "both", "all"],
+                   help="CPU, float32 activations: the native attention kernel (model/attn_native.py, the "
+                        "default where built); or torch SDPA with small steps in float64 as the tree does "
+                        "without the kernel (backends.torch_ref.WIDE_MAX_ROWS / WIDE_MAX_KEYS), or all in "
+                        "float32; both: f64 and f32, all: native, f64 and f32, one row each (alternating per "
+                        "model)")
     p.add_argument("--roofline", action="store_true",
                    help="CUDA: measure copy bandwidth and print decode as a fraction of the bandwidth roofline")
     p.add_argument("--kernels", action="store_true",
@@ -537,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
             split_model(n, p, args)
         return 0
     layouts = ["quant", "dense"] if args.weights == "both" else [args.weights]
-    attns = {"both": ["f64", "f32"], "default": [None]}.get(args.cpu_attention, [args.cpu_attention])
+    attns = {"both": ["f64", "f32"], "all": ["native", "f64", "f32"], "default": [None]}.get(
+        args.cpu_attention, [args.cpu_attention])
     results = []
     for n, p in models:
         for w in layouts:
@@ -548,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                     default = getattr(torch_ref, "_WIDE_DEFAULT", torch_ref.WIDE_MAX_ROWS)
                     torch_ref._WIDE_DEFAULT = default  # type: ignore[attr-defined]
                     torch_ref.WIDE_MAX_ROWS = default if a == "f64" else 0
+                    os.environ["KVSERVE_NATIVE_ATTN"] = "1" if a == "native" else "0"  # read per backend
                 label = n if len(layouts) == 1 else f"{n} [{w}]"
                 results.append(bench_model(label if a is None else f"{label} [attn {a}]", p, args, w))
     cuda = args.device == "cuda"

@@ -391,6 +391,36 @@ static void make_item(const call *c, const params *p, const task *tk, item *it) 
     it->ps = c->ps;
 }
 
+/* per-thread work buffer, grown on demand (kept for the thread's life) */
+static float *work_buffer(size_t floats) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    if (floats > cap) {
+        free(buf);
+        cap = (floats + 1023) / 1024 * 1024;
+        buf = aligned_alloc(64, cap * sizeof(float));
+    }
+    return buf;
+}
+
+static void run_task(const call *c, const params *p, const task *t, int use512) {
+    const int64_t D = p->D;
+    float *buf = work_buffer((size_t)(2 * MAX_CHAINS * D + 2 * KB_MAX * D + 16));
+    task tk = *t;
+    item it;
+    if (!use512) tk.rows = 1; /* (the scalar functions take any item; keep it small) */
+    for (int64_t r = t->t0; r < t->t0 + t->rows; r += tk.rows) {
+        tk.t0 = r;
+        make_item(c, p, &tk, &it);
+#ifdef ATTN_X86
+        if (use512)
+            item_512(&it, p, buf);
+        else
+#endif
+            item_ref(&it, p, buf);
+    }
+}
+
 static void attend(const call *c, const params *p, int nthreads, int isa) {
     const int64_t g = c->H / c->Hkv, D = p->D;
     const int64_t R = g >= MAX_CHAINS ? 1 : (MAX_CHAINS / g < MAX_ROWS ? MAX_CHAINS / g : MAX_ROWS);
@@ -400,38 +430,23 @@ static void attend(const call *c, const params *p, int nthreads, int isa) {
         n_tasks += (n + R - 1) / R * c->Hkv;
         work += n * (c->window > 0 && p0 + n > c->window ? c->window : p0 + n);
     }
-    task *tasks = malloc((size_t)(n_tasks > 0 ? n_tasks : 1) * sizeof(task));
+    task small[64];
+    task *tasks = n_tasks <= 64 ? small : malloc((size_t)n_tasks * sizeof(task));
     int64_t k = 0;
     for (int64_t s = 0; s < c->n_seq; s++) {
         const int64_t q0 = c->seqs[4 * s], n = c->seqs[4 * s + 1];
         for (int64_t t = q0; t < q0 + n; t += R)
             for (int64_t hk = 0; hk < c->Hkv; hk++) tasks[k++] = (task){s, t, t + R < q0 + n ? R : q0 + n - t, hk};
     }
-    /* threads only where the work pays for waking them (~0.1 ms of it) */
-    if (nthreads < 1 || work * c->H * D < (1 << 20)) nthreads = 1;
     const int use512 = isa && D % 64 == 0 && g <= MAX_CHAINS;
-#pragma omp parallel num_threads(nthreads)
-    {
-        float *buf = aligned_alloc(64, ((size_t)(2 * MAX_CHAINS * D + 2 * KB_MAX * D + 16) * sizeof(float) + 63) / 64 * 64);
-        item it;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < n_tasks; i++) {
-            task tk = tasks[i];
-            if (!use512) tk.rows = 1; /* (the scalar functions take any item; keep it small) */
-            for (int64_t t = tasks[i].t0; t < tasks[i].t0 + tasks[i].rows; t += tk.rows) {
-                tk.t0 = t;
-                make_item(c, p, &tk, &it);
-#ifdef ATTN_X86
-                if (use512)
-                    item_512(&it, p, buf);
-                else
-#endif
-                    item_ref(&it, p, buf);
-            }
-        }
-        free(buf);
+    /* threads only where the work pays for waking them (~0.1 ms of it) */
+    if (nthreads <= 1 || n_tasks < 2 || work * c->H * D < (1 << 20)) {
+        for (int64_t i = 0; i < n_tasks; i++) run_task(c, p, &tasks[i], use512);
+    } else {
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_tasks; i++) run_task(c, p, &tasks[i], use512);
     }
-    free(tasks);
+    if (tasks != small) free(tasks);
 }
 
 /* ---- Python ---- */

@@ -67,20 +67,25 @@ def attend(
     [2, rows, Hkv, D] (float16 or float32, this step's rows written). Returns float32 [T, H, D]
     (into ``out`` if given)."""
     t, h, d = q.shape
-    if q.dtype != torch.float32 or q.stride(2) != 1 or q.stride(1) != d:
+    qs = q.stride()
+    if q.dtype != torch.float32 or qs[2] != 1 or qs[1] != d:
         q = q.float().contiguous()
+        qs = q.stride()
     _, _, hkv, dk = kv.shape
-    if t != keys.rows or dk != d or kv.stride(2) != d or kv.stride(3) != 1 or kv.dtype not in KV_DTYPES:
+    ks = kv.stride()
+    dt = kv.dtype
+    if t != keys.rows or dk != d or ks[2] != d or ks[3] != 1 or dt not in KV_DTYPES:
         raise ValueError("attn_native.attend: q, kv and keys do not match")
     if out is None:
         out = torch.empty((t, h, d), dtype=torch.float32)
-    elif out.dtype != torch.float32 or out.shape != q.shape or out.stride(2) != 1 or out.stride(1) != d:
+    os_ = out.stride()
+    if out.dtype != torch.float32 or out.shape != q.shape or os_[2] != 1 or os_[1] != d:
         raise ValueError("attn_native.attend: bad out")
+    f16 = dt == torch.float16
     k = kv.data_ptr()
-    v = k + kv.stride(0) * kv.element_size()  # V lies one K behind
     _attn.attend(  # type: ignore[union-attr]
-        q.data_ptr(), q.stride(0), h, hkv, d, k, v, kv.stride(1), int(kv.dtype == torch.float16), *keys._ptrs,
-        window, out.data_ptr(), out.stride(0), scale, softcap,
+        q.data_ptr(), qs[0], h, hkv, d, k, k + ks[0] * (2 if f16 else 4), ks[1], f16, *keys._ptrs,  # V: one K on
+        window, out.data_ptr(), os_[0], scale, softcap,
         torch.get_num_threads() if threads is None else threads, _ISA if isa is None else isa,
     )
     return out
