@@ -5,7 +5,9 @@ Part 1, in-process (one fresh interpreter per model, the steps ``python -m kvser
     python            the bare interpreter
     import torch      torch and numpy
     import kvserve    the modules a server imports before the model (HTTP server, engine)
-    GGUF header       metadata and tensor infos parsed (then dropped)
+    GGUF header       metadata and tensor infos parsed (then dropped); before it, as the server
+                      does on the CPU, the libraries' pages importing read leave the resident set
+                      (``heap.drop_library_pages``, where the tree has it)
     weights           ``load_gguf`` (repacked weights)
     tokenizer         ``Tokenizer.from_metadata``
     chat template     ``ChatTemplate.from_metadata``
@@ -80,6 +82,12 @@ def child(model: str) -> None:
     from kvserve.server import http_server  # noqa: F401
 
     phase("import kvserve")
+    try:  # as build_engine does on the CPU before loading (trees that have it)
+        from kvserve.model.heap import drop_library_pages
+    except ImportError:
+        pass
+    else:
+        drop_library_pages()
     gf = read_gguf(model)
     n_meta = len(gf.metadata)
     del gf

@@ -9,6 +9,7 @@ import functools
 from typing import Any
 
 _M_MMAP_THRESHOLD = -3
+_MADV_DONTNEED = 4
 
 
 @functools.cache
@@ -44,3 +45,52 @@ def release_free_memory() -> None:
 
     gc.collect()
     trim()
+
+
+def _library_mappings() -> list[tuple[int, int]]:
+    """Address ranges of the shared libraries' read-only mappings that hold only the files' own
+    pages (``/proc/self/smaps``: no write permission, nothing copied on write, not locked)."""
+    out: list[tuple[int, int]] = []
+    blocks: list[tuple[str, str, str, dict[str, str]]] = []
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=5)
+            if head[0].endswith(":"):
+                if blocks:
+                    blocks[-1][3][head[0]] = line.split(":", 1)[1].strip()
+            else:  # "start-end perms offset dev inode [path]"
+                blocks.append((head[0], head[1], head[5].strip() if len(head) > 5 else "", {}))
+    for rng, perms, path, fields in blocks:
+        lib = path.startswith("/") and (path.endswith(".so") or ".so." in path)
+        flags = fields.get("VmFlags:", "").split()
+        if not lib or perms[:1] != "r" or "w" in perms or fields.get("Anonymous:") != "0 kB":
+            continue
+        if fields.get("Locked:", "0 kB") != "0 kB" or {"lo", "io", "pf"} & set(flags):
+            continue
+        a, b = (int(x, 16) for x in rng.split("-"))
+        out.append((a, b))
+    return out
+
+
+def drop_library_pages() -> int:
+    """Unmap the resident pages of the shared libraries' code and read-only data from this
+    process (``madvise(MADV_DONTNEED)``); the ones still used come back from the page cache
+    on first touch (minor faults). Loading torch leaves ~60 MiB of libtorch's pages resident
+    that only its initialisation read (docs/benchmarks.md §6). Pages copied on write are never
+    touched (such mappings are skipped). Returns the bytes of the mappings advised."""
+    import ctypes
+
+    libc = _glibc()
+    if libc is None:
+        return 0
+    try:
+        ranges = _library_mappings()
+    except OSError:  # no /proc
+        return 0
+    madvise = libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for a, b in ranges:
+        if madvise(a, b - a, _MADV_DONTNEED) == 0:
+            done += b - a
+    return done
