@@ -226,6 +226,11 @@ def bench_model(name: str, path: str, args: argparse.Namespace, weights: str = "
         print(f"{name}: {loaded.summary.line()}", file=sys.stderr, flush=True)
     rss_load = rss_bytes(os.getpid())
     print(f"{name}: loaded in {loaded.load_s:.1f} s", file=sys.stderr, flush=True)
+    gemv = sys.modules.get("kvserve.model.dense_gemv")  # (older trees have none)
+    if device.type == "cuda" and gemv is not None and getattr(gemv, "TIMINGS", None):
+        print(f"{name}: decode GEMVs chosen at load: " + "; ".join(
+            f"{shape} {role} {rows} row(s) {chosen} ({times[chosen]:.1f} µs, cuBLAS {times['cublas']:.1f})"
+            for shape, _, role, rows, times, chosen in gemv.TIMINGS), file=sys.stderr, flush=True)
     b = Bench(loaded, args)
     prefill = {}
     for n in args.prefill:

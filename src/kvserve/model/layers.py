@@ -67,14 +67,31 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
-            gu = self.gate_up.forward(x)
-            if gu.dim() == 2 and gu.stride(-1) == 1 and norm_kernel.available(gu):
-                return self.down.forward(norm_kernel.act_mul(gu, self.n_ff, self.act))
-            n = self.n_ff
-            g, u = gu[..., :n], gu[..., n:]
-            # act(gate) in place: gu is this call's own output
-            g = F.silu(g, inplace=True) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        else:
-            g, u = self.gate.forward(x), self.up.forward(x)
-            g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
+            return self.from_gate_up(self.gate_up.forward(x))
+        g, u = self.gate.forward(x), self.up.forward(x)
+        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
         return self.down.forward(torch.mul(g, u))
+
+    def from_gate_up(self, gu: torch.Tensor) -> torch.Tensor:
+        """down(act(g) * u) of the fused projection's output gu = [g | u] (this call's own)."""
+        if gu.dim() == 2 and gu.stride(-1) == 1 and norm_kernel.available(gu):
+            fused = getattr(self.down, "forward_act", None)  # dense_gemv.GemvLinear: one launch
+            if fused is not None:
+                return fused(gu, self.n_ff, self.act)
+            return self.down.forward(norm_kernel.act_mul(gu, self.n_ff, self.act))
+        n = self.n_ff
+        g, u = gu[..., :n], gu[..., n:]
+        # act(gate) in place: gu is this call's own output
+        g = F.silu(g, inplace=True) if self.act == "silu" else F.gelu(g, approximate="tanh")
+        return self.down.forward(torch.mul(g, u))
+
+
+def norm_linear(norm: RMSNorm, lin: nn.Module, x: torch.Tensor, residual: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lin(norm(x + residual)), x + residual): one kernel where ``lin`` fuses the norm into its
+    GEMV (``dense_gemv.GemvLinear`` on CUDA), else the norm's kernel and then ``lin``."""
+    fused = getattr(lin, "forward_normed", None)
+    if fused is not None:
+        return fused(x, residual, norm)
+    h, s = norm.forward(x, residual)
+    return lin.forward(h), s

@@ -22,6 +22,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import nn
 
+from . import dense_gemv
 from .arch import ARCHITECTURES
 from .config import ModelConfig, RopeOverride, UnsupportedModelError, config_from_metadata
 from .fuse import fuse_dense
@@ -202,6 +203,8 @@ def load_gguf(
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()
+    if device.type == "cuda" and weights == "dense":
+        dense_gemv.prepare(model)  # decode GEMVs: Triton or cuBLAS per shape, norms fused into them
     return LoadedModel(
         path=path,
         cfg=cfg,

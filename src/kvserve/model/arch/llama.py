@@ -16,7 +16,7 @@ from torch import nn
 
 from ..backends.base import AttentionStep
 from ..config import ModelConfig
-from ..layers import GatedMLP, RMSNorm
+from ..layers import GatedMLP, RMSNorm, norm_linear
 
 
 class Attention(nn.Module):
@@ -36,15 +36,22 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_eps)
 
     def forward(self, x: torch.Tensor, step: AttentionStep) -> torch.Tensor:
-        cfg = self.cfg
-        t = x.shape[0]
-        if self.qkv is not None and not cfg.qk_norm:
-            o = step.attend_qkv(self.layer, self.qkv.forward(x), cfg.n_head, cfg.n_head_kv)
-            return self.o.forward(o.reshape(t, cfg.n_head * cfg.head_dim))
         if self.qkv is not None:
-            q, k, v = self.qkv.forward(x).split(self.qkv_sizes, dim=-1)
-        else:
-            q, k, v = self.q.forward(x), self.k.forward(x), self.v.forward(x)
+            return self.from_qkv(self.qkv.forward(x), step)
+        return self._attend(self.q.forward(x), self.k.forward(x), self.v.forward(x), step)
+
+    def from_qkv(self, qkv: torch.Tensor, step: AttentionStep) -> torch.Tensor:
+        """The module's output from the fused projection's output [T, q | k | v]."""
+        cfg = self.cfg
+        if not cfg.qk_norm:
+            o = step.attend_qkv(self.layer, qkv, cfg.n_head, cfg.n_head_kv)
+            return self.o.forward(o.reshape(qkv.shape[0], cfg.n_head * cfg.head_dim))
+        q, k, v = qkv.split(self.qkv_sizes, dim=-1)
+        return self._attend(q, k, v, step)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: AttentionStep) -> torch.Tensor:
+        cfg = self.cfg
+        t = q.shape[0]
         q = q.view(t, cfg.n_head, cfg.head_dim)
         k = k.view(t, cfg.n_head_kv, cfg.head_dim)
         v = v.view(t, cfg.n_head_kv, cfg.head_dim)
@@ -67,12 +74,21 @@ class LlamaBlock(nn.Module):
                 residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The block on hidden state ``x + residual`` (``x`` alone when residual is None); returns
         ``(h, r)`` whose sum is its output, so that the next norm adds them in its kernel."""
+        attn, mlp = self.attn, self.mlp
         if residual is None:
             h, residual = self.attn_norm.forward(x), x
+            a = attn.forward(h, step)
+        elif attn.qkv is not None:  # the norm may run inside the projection's kernel (norm_linear)
+            qkv, residual = norm_linear(self.attn_norm, attn.qkv, x, residual)
+            a = attn.from_qkv(qkv, step)
         else:
             h, residual = self.attn_norm.forward(x, residual)
-        h, residual = self.ffn_norm.forward(self.attn.forward(h, step), residual)
-        return self.mlp.forward(h), residual
+            a = attn.forward(h, step)
+        if mlp.gate_up is not None:
+            gu, residual = norm_linear(self.ffn_norm, mlp.gate_up, a, residual)
+            return mlp.from_gate_up(gu), residual
+        h, residual = self.ffn_norm.forward(a, residual)
+        return mlp.forward(h), residual
 
 
 class LlamaModel(nn.Module):

@@ -1,0 +1,133 @@
+"""The dense decode GEMV (``dense_gemv``, Triton) under Triton's interpreter on the CPU (compiled on
+a GPU): the plain GEMV, the RMSNorm prologue (with the residual sum it hands on) and the
+act(gate)·up prologue against their torch definitions, for 1-5 batch rows, K split or not,
+masked edges, bias; the split's counters reset between calls; ``GemvLinear`` equal to
+``nn.Linear`` (and to the separate kernels) through every entry point."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("no GPU and the Triton interpreter is off", allow_module_level=True)
+
+from kvserve.model import dense_gemv as D  # noqa: E402
+from kvserve.model.layers import RMSNorm, norm_linear  # noqa: E402
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DT = torch.bfloat16 if DEV.type == "cuda" else torch.float32  # the interpreter's CPU bf16 is slow
+# (config, rows): one K slice and several, column blocks past N, K chunks past K
+RUNS = [(D.Config(16, 64, 4, 1), 1), (D.Config(8, 32, 2, 64), 2), (D.Config(32, 128, 4, 8), 3),
+        (D.Config(16, 32, 1, 16), 4), (D.Config(16, 64, 4, 64), 5)]
+N, K = 40, 208  # not multiples of any block
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor, tol: float) -> bool:
+    return bool(((y.float() - ref.float()).abs() <= tol * ref.float().abs().max() + 1e-6).all())
+
+
+def _tol() -> float:
+    return 1e-2 if DT == torch.bfloat16 else 1e-5
+
+
+@pytest.mark.parametrize("cfg,m", RUNS)
+def test_plain_gemv_equals_linear(cfg, m):
+    gen = torch.Generator().manual_seed(m)
+    w = torch.randn(N, K, generator=gen).to(DEV, DT)
+    b = torch.randn(N, generator=gen).to(DEV, DT)
+    x = torch.randn(m, K, generator=gen).to(DEV, DT)
+    splits, _ = D.split_of(N, K, cfg, DEV)
+    for bias in (None, b):
+        y, s = D.gemv(x, w, cfg, bias)
+        assert s is None and y.shape == (m, N) and y.dtype == DT
+        ref = x.double() @ w.double().T + (0 if bias is None else bias.double())
+        assert _close(y, ref, _tol()), (cfg, m, splits)
+    assert splits > 1 or cfg.programs == 1
+
+
+@pytest.mark.parametrize("cfg,m", RUNS)
+def test_norm_prologue_equals_norm_then_linear(cfg, m):
+    gen = torch.Generator().manual_seed(10 + m)
+    w = torch.randn(N, K, generator=gen).to(DEV, DT)
+    x = (torch.randn(m, K, generator=gen) * 3).to(DEV, DT)
+    r = torch.randn(m, K, generator=gen).to(DEV, DT)
+    nw = (torch.rand(K, generator=gen) + 0.5).to(DEV, DT)
+    y, s = D.gemv(x, w, cfg, residual=r, norm_w=nw, eps=1e-5)
+    assert s is not None and torch.equal(s, (x + r).to(DT))  # the residual stream, as torch adds it
+    sf = s.double()
+    h = sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-5) * nw.double()
+    assert _close(y, h @ w.double().T, _tol()), (cfg, m)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("cfg,m", RUNS[1:3])
+def test_act_prologue_equals_act_mul_then_linear(cfg, m, act):
+    gen = torch.Generator().manual_seed(20 + m)
+    w = torch.randn(N, K, generator=gen).to(DEV, DT)
+    gu = torch.randn(m, 2 * K, generator=gen).to(DEV, DT)
+    y, _ = D.gemv(gu, w, cfg, n_ff=K, act=act)
+    g, u = gu[:, :K], gu[:, K:]
+    a = (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")).to(DT)  # rounded as act_mul does
+    h = (a.float() * u.float()).to(DT)
+    assert _close(y, h.double() @ w.double().T, 1e-5 if DT == torch.float32 else 1e-2), (cfg, m, act)
+
+
+def test_split_gemv_resets_its_counters():
+    gen = torch.Generator().manual_seed(4)
+    w = torch.randn(N, K, generator=gen).to(DEV, DT)
+    x = torch.randn(2, K, generator=gen).to(DEV, DT)
+    cfg = D.Config(8, 32, 2, 64)
+    first = D.gemv(x, w, cfg)[0].clone()
+    cnt = D._COUNTERS[(w.device, w.data_ptr())]
+    assert int(cnt.abs().sum()) == 0  # each column block's last slice put its counter back
+    assert torch.equal(D.gemv(x, w, cfg)[0], first)  # deterministic: slices summed in order
+
+
+def _gemv_linear(lin: nn.Linear, cfg: D.Config | None) -> nn.Linear:
+    lin.__class__ = D.GemvLinear
+    lin.choice = {1: cfg, D.MAX_ROWS: cfg}
+    return lin
+
+
+def test_gemv_linear_entry_points_equal_the_separate_path():
+    gen = torch.Generator().manual_seed(6)
+    ref = nn.Linear(K, N, bias=True).to(DEV, DT)
+    with torch.no_grad():
+        ref.weight.copy_(torch.randn(N, K, generator=gen))
+        ref.bias.copy_(torch.randn(N, generator=gen))
+    lin = _gemv_linear(nn.Linear(K, N, bias=True).to(DEV, DT), D.Config(16, 64, 4, 16))
+    lin.load_state_dict(ref.state_dict())
+    norm = RMSNorm(K, 1e-6).to(DEV, DT)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(K, generator=gen) + 0.5)
+    x = torch.randn(3, K, generator=gen).to(DEV, DT)
+    r = torch.randn(3, K, generator=gen).to(DEV, DT)
+    assert _close(lin.forward(x), ref.forward(x), _tol())
+    y, s = norm_linear(norm, lin, x, r)
+    h, s_ref = norm.forward(x, r)
+    assert torch.equal(s, s_ref) and _close(y, ref.forward(h), _tol())
+    down = _gemv_linear(nn.Linear(K, N, bias=False).to(DEV, DT), D.Config(8, 32, 2, 8))
+    gu = torch.randn(2, 2 * K, generator=gen).to(DEV, DT)
+    a = (F.silu(gu[:, :K]).to(DT).float() * gu[:, K:].float()).to(DT)
+    assert _close(down.forward_act(gu, K, "silu"), F.linear(a, down.weight), _tol())
+    # above MAX_ROWS rows, or without a Triton choice: nn.Linear's own path
+    x8 = torch.randn(8, K, generator=gen).to(DEV, DT)
+    assert torch.equal(lin.forward(x8), F.linear(x8, lin.weight, lin.bias))
+    lin.choice = {1: None, D.MAX_ROWS: None}
+    assert torch.equal(lin.forward(x), F.linear(x, lin.weight, lin.bias))
+    y, s = lin.forward_normed(x, r, norm)
+    assert torch.equal(s, s_ref) and torch.equal(y, F.linear(h, lin.weight, lin.bias))
+
+
+def test_roles_of_decode_step_layers():
+    assert D.role_of("layers.3.attn.qkv") == "norm" and D.role_of("layers.0.mlp.gate_up") == "norm"
+    assert D.role_of("layers.0.mlp.down") == "act" and D.role_of("lm_head") == "plain"
+    assert D.role_of("layers.1.attn.o") == "plain" and D.role_of("embed") is None
