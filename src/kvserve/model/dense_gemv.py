@@ -50,12 +50,15 @@ class Config(NamedTuple):
     bk: int  # K chunk a loop step loads: 8 weights (16 bytes) a thread along it
     warps: int
     programs: int  # aim for about this many programs per multiprocessor (sets the K split)
+    stages: int = 1  # software-pipelining depth of the K loop (``tl.range(num_stages=...)``)
 
 
-# What the load-time timing tries (at one row; the two fastest again at four): 8-32 KiB of
-# weights a program loads per step, 4-8 programs a multiprocessor.
+# What the load-time timing tries (at one row; the two fastest again at four): 4-16 KiB of
+# weights a program loads per step, 4-16 programs a multiprocessor, one pipelined K loop.
+# (On an H200, bench/dense_gemv.py: (32, 512, 8, 2) was never the fastest; the 8-16 programs a
+# multiprocessor of 4-16 KiB were, within a few % of each other on the large tensors.)
 CANDIDATES = [Config(16, 256, 4, 8), Config(32, 256, 4, 4), Config(8, 512, 4, 8), Config(64, 128, 4, 4),
-              Config(32, 512, 8, 2)]
+              Config(16, 256, 4, 16), Config(8, 512, 4, 16), Config(8, 256, 2, 16), Config(16, 256, 4, 8, 2)]
 ROLES = ("plain", "norm", "act")
 
 _SMS: dict[int, int] = {}
@@ -133,7 +136,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: Config, bias: torch.Tensor | Non
     kernel[grid](x, r, nw, sv, w, bias if bias is not None else out, out, part, sq, cnt, m, n, k,
                  x.stride(0), r.stride(0), sv.stride(0), w.stride(0), out.stride(0), n_ff, float(eps), steps, splits,
                  PRO=pro, GELU=act == "gelu_tanh", HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, BK=cfg.bk,
-                 SPLIT=splits > 1, SB=min(8, 1 << (splits - 1).bit_length()), num_warps=cfg.warps)
+                 SPLIT=splits > 1, SB=min(8, 1 << (splits - 1).bit_length()), STAGES=cfg.stages,
+                 num_warps=cfg.warps)
     return out, s
 
 
@@ -250,7 +254,7 @@ TIMINGS: list[tuple[str, int, str, int, dict[str, float], str]] = []  # (shape, 
 
 
 def _label(c: Config | None) -> str:
-    return "cublas" if c is None else f"triton{tuple(c)}"
+    return "cublas" if c is None else f"triton{tuple(c) if c.stages > 1 else tuple(c)[:4]}"
 
 
 def _choose(mods: list[nn.Linear], role: str, rows: int, cands: list[Config]) -> tuple[Config | None, dict]:
