@@ -4,7 +4,8 @@ Paged layout (``kv_store``): one layer's cache is [rows, Hkv, D]; the key of pos
 sequence lives in row ``table[seq_row, p // PS] * PS + p % PS`` of the int32 page table.
 
 - ``rope_write``: RoPE on q and k (adjacent-pair "norm" or half-split "neox", the first RD
-  dims), k and v written to their cache rows: one program per token.
+  dims), k and v written to their cache rows: one program per token and KV head (its query
+  heads with it), so that a decode step's few tokens still spread over several multiprocessors.
 - ``decode_attention``: one query per sequence, split-K over the sequence (flash-decoding):
   program (b, kv head, split) handles the G = H / Hkv query heads of one KV head (GQA packing,
   K/V read once per group) over an equal share of the visible keys, keeping log-sum-exp
@@ -39,7 +40,10 @@ def _rope_write_kernel(
     H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, NEOX: tl.constexpr,
     PS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """Program (t, j): the G = H / HKV query heads j·G … of token t and its KV head j."""
     t = tl.program_id(0)
+    hk = tl.program_id(1)
+    G: tl.constexpr = H // HKV
     pos = tl.load(pos_ptr + t)
     row = tl.load(tok_row_ptr + t)
     page = tl.load(table_ptr + row.to(tl.int64) * table_stride + pos // PS)
@@ -58,29 +62,32 @@ def _rope_write_kernel(
     i = tl.where(rot, i, 0)
     partner = tl.where(rot, partner, d)
     sign = tl.where(rot, sign, 0.0)
-    c = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=1.0)[None, :]
-    s = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=0.0)[None, :]
-    h = tl.arange(0, BLOCK_H)[:, None]
+    c1 = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=1.0)
+    s1 = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=0.0)
+    c = c1[None, :]
+    s = s1[None, :]
+    g = tl.arange(0, BLOCK_H)[:, None]
+    h = hk * G + g
     dd = d[None, :]
     pp = partner[None, :]
     sg = sign[None, :]
     # q: rotated into q_out (same [T, H, D] layout, contiguous)
-    mq = (h < H) & (dd < D)
+    mq = (g < G) & (dd < D)
     qa = q_ptr + t.to(tl.int64) * stride_q + h * D
     x = tl.load(qa + dd, mask=mq, other=0.0).to(tl.float32)
     xp = tl.load(qa + pp, mask=mq, other=0.0).to(tl.float32)
     y = x * c + sg * xp * s
     tl.store(q_out_ptr + t.to(tl.int64) * (H * D) + h * D + dd, y.to(q_out_ptr.dtype.element_ty), mask=mq)
     # k: rotated, rounded to the activations' dtype, then stored in the cache's
-    mk = (h < HKV) & (dd < D)
-    ka = k_ptr + t.to(tl.int64) * stride_k + h * D
-    x = tl.load(ka + dd, mask=mk, other=0.0).to(tl.float32)
-    xp = tl.load(ka + pp, mask=mk, other=0.0).to(tl.float32)
-    y = (x * c + sg * xp * s).to(k_ptr.dtype.element_ty)
-    dst = slot * (HKV * D) + h * D + dd
-    tl.store(k_cache_ptr + dst, y.to(k_cache_ptr.dtype.element_ty), mask=mk)
-    vv = tl.load(v_ptr + t.to(tl.int64) * stride_v + h * D + dd, mask=mk, other=0.0)
-    tl.store(v_cache_ptr + dst, vv.to(v_cache_ptr.dtype.element_ty), mask=mk)
+    dk = d < D
+    ka = k_ptr + t.to(tl.int64) * stride_k + hk * D
+    x = tl.load(ka + d, mask=dk, other=0.0).to(tl.float32)
+    xp = tl.load(ka + partner, mask=dk, other=0.0).to(tl.float32)
+    y = (x * c1 + sign * xp * s1).to(k_ptr.dtype.element_ty)
+    dst = slot * (HKV * D) + hk * D + d
+    tl.store(k_cache_ptr + dst, y.to(k_cache_ptr.dtype.element_ty), mask=dk)
+    vv = tl.load(v_ptr + t.to(tl.int64) * stride_v + hk * D + d, mask=dk, other=0.0)
+    tl.store(v_cache_ptr + dst, vv.to(v_cache_ptr.dtype.element_ty), mask=dk)
 
 
 def _token_stride(x: torch.Tensor) -> torch.Tensor:
@@ -102,11 +109,12 @@ def rope_write(
     q_out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     if t == 0:
         return q_out
-    _rope_write_kernel[(t,)](
+    _rope_write_kernel[(t, hkv)](
         q, k, v, q_out, k_cache, v_cache, cos, sin, positions, tok_rows, table, table.stride(0),
         q.stride(0), k.stride(0), v.stride(0),
         H=h, HKV=hkv, D=d, RD=rope_dim, NEOX=neox, PS=page_size,
-        BLOCK_H=triton.next_power_of_2(max(h, hkv)), BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_H=triton.next_power_of_2(h // hkv), BLOCK_D=triton.next_power_of_2(d),
+        num_warps=1 if (h // hkv) * d <= 512 else 2,
     )
     return q_out
 
@@ -154,13 +162,13 @@ def _decode_split_kernel(
         valid = tok < s1
         kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)  # in flight with k's
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp2(s - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
     has = l_i > 0
