@@ -9,7 +9,10 @@ it every segment is dequantized into one bf16 matrix for a cuBLAS GEMM (prefill)
 The GEMV's activations (``KVSERVE_GEMV_ACTIVATIONS``): ``int8`` (the default) quantizes x once
 per module to int8 blocks of 32 as llama.cpp's CUDA backend does (``triton_q8``: integer dot
 products, about a quarter of the float32 kernel's instructions per weight); ``float`` keeps x
-in float32 (``triton_gemv``: the dequantized weights applied exactly).
+in float32 (``triton_gemv``: the dequantized weights applied exactly). With int8 activations
+the kernel before the module quantizes its own output where the layers let it
+(``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
+down), so that a decode layer launches no quantizer of its own for them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .. import norm_kernel
 from . import triton_gemv, triton_q8
 from .cuda_pack import Packed, cat
 
@@ -74,18 +78,47 @@ class CudaQuantLinear(nn.Module):
             bias = bias.float()[perm].to(device)
         self.register_buffer("bias", bias, persistent=False)
 
+    def _q8(self, xq: triton_q8.QuantX, dtype: torch.dtype) -> torch.Tensor:
+        """The GEMVs of every segment on int8 activations, in the members' column order."""
+        m = xq.q.shape[0]
+        y = torch.empty((m, self.out_features), dtype=dtype, device=xq.q.device)
+        for s in self.segments:
+            b = None if self.bias is None else self.bias[s.col : s.col + s.n]
+            triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
+        return y if self.perm is None else y[:, self.perm]
+
+    def _fusable(self, x: torch.Tensor) -> bool:
+        return (ACTIVATIONS == "int8" and x.dim() == 2 and (x.is_cuda or triton_gemv._INTERPRET)
+                and 1 <= x.shape[0] <= GEMV_MAX_ROWS and x.is_contiguous())
+
+    def forward_normed(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(x + residual)), x + residual), ``norm`` an RMSNorm: at decode sizes the norm
+        kernel also quantizes its output for the GEMV (one launch instead of two)."""
+        if (self._fusable(x) and residual.is_contiguous() and residual.dtype == x.dtype
+                and self.in_features % 32 == 0):
+            xq, s = triton_q8.norm_quantize_x(x, residual, norm.weight, norm.eps)
+            return self._q8(xq, x.dtype), s
+        h, s = norm.forward(x, residual)
+        return self.forward(h), s
+
+    def forward_act(self, gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
+        """self(act(gu[:, :n_ff]) · gu[:, n_ff:]): at decode sizes one kernel computes and quantizes
+        the product for the GEMV."""
+        if self._fusable(gu) and n_ff == self.in_features and n_ff % 32 == 0:
+            return self._q8(triton_q8.act_quantize_x(gu, n_ff, act), gu.dtype)
+        return self.forward(norm_kernel.act_mul(gu, n_ff, act))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).contiguous()
         m = x2.shape[0]
+        if m <= GEMV_MAX_ROWS and ACTIVATIONS == "int8":
+            return self._q8(triton_q8.quantize_x(x2), x.dtype).view(*x.shape[:-1], self.out_features)
         if m <= GEMV_MAX_ROWS:
             y = torch.empty((m, self.out_features), dtype=x.dtype, device=x.device)
-            xq = triton_q8.quantize_x(x2) if ACTIVATIONS == "int8" else None
             for s in self.segments:
                 b = None if self.bias is None else self.bias[s.col : s.col + s.n]
-                if xq is not None:
-                    triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
-                else:
-                    triton_gemv.gemv(x2, s.packed(), y[:, s.col : s.col + s.n], b)
+                triton_gemv.gemv(x2, s.packed(), y[:, s.col : s.col + s.n], b)
         else:
             y = x2.to(torch.bfloat16) @ self.dequantized_t(torch.bfloat16)
             if self.bias is not None:

@@ -74,6 +74,95 @@ def quantize_x(x: torch.Tensor) -> QuantX:
     return QuantX(q.view(torch.int32), d, s)
 
 
+@triton.jit
+def _store_quant(h, q_ptr, d_ptr, s_ptr, m, K, blk0, NB: tl.constexpr):
+    """``_quant_x_kernel``'s arithmetic on h [NB·32] (float32 values of the activations' dtype),
+    blocks of 32 blk0 … of row m."""
+    x = tl.reshape(h, (NB, 32))
+    blk = blk0 + tl.arange(0, NB)
+    col = blk[:, None] * 32 + tl.arange(0, 32)[None, :]
+    ok = col < K
+    amax = tl.max(tl.abs(x), axis=1)
+    inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
+    v = x * inv[:, None]
+    q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v))
+    tl.store(q_ptr + m * K + col, q.to(tl.int8), mask=ok)
+    nb = K // 32
+    tl.store(d_ptr + m * nb + blk, amax / 127.0, mask=blk < nb)
+    sm = tl.sum(tl.reshape(x, (NB, 2, 16)), axis=2)
+    half = blk[:, None] * 2 + tl.arange(0, 2)[None, :]
+    tl.store(s_ptr + m * (2 * nb) + half, sm, mask=half < 2 * nb)
+
+
+@triton.jit
+def _norm_quant_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, q_ptr, d_ptr, s_ptr, K, eps, BLOCK: tl.constexpr):
+    """Row pid(0): sum = x + r (in x's dtype), h = rms_norm(sum) · w (rounded to the dtype, as
+    the RMSNorm kernel rounds its output), h quantized as ``quantize_x`` quantizes it."""
+    m = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BLOCK)
+    ok = c < K
+    ty = x_ptr.dtype.element_ty
+    xv = tl.load(x_ptr + m * K + c, mask=ok, other=0.0).to(tl.float32)
+    rv = tl.load(r_ptr + m * K + c, mask=ok, other=0.0).to(tl.float32)
+    sv = (xv + rv).to(ty)
+    tl.store(sum_ptr + m * K + c, sv, mask=ok)
+    sf = sv.to(tl.float32)
+    y = sf * tl.rsqrt(tl.sum(sf * sf, 0) / K + eps)
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    h = (y * w).to(ty).to(tl.float32)
+    _store_quant(h, q_ptr, d_ptr, s_ptr, m, K, 0, BLOCK // 32)
+
+
+@triton.jit
+def _act_quant_kernel(gu_ptr, q_ptr, d_ptr, s_ptr, n_ff, stride_row, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns BLOCK·pid(1) … of row pid(0): h = act(g) · u rounded as the act·mul kernel rounds
+    (act(g) to the dtype, then the product), quantized as ``quantize_x`` quantizes it."""
+    m = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = c < n_ff
+    ty = gu_ptr.dtype.element_ty
+    g = tl.load(gu_ptr + m * stride_row + c, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + m * stride_row + n_ff + c, mask=ok, other=0.0).to(tl.float32)
+    if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        a = 0.5 * g * (2.0 * tl.sigmoid(2.0 * z))
+    else:
+        a = g * tl.sigmoid(g)
+    h = (a.to(ty).to(tl.float32) * u).to(ty).to(tl.float32)
+    _store_quant(h, q_ptr, d_ptr, s_ptr, m, n_ff, tl.program_id(1) * (BLOCK // 32), BLOCK // 32)
+
+
+def _empty_quant(m: int, k: int, device: torch.device) -> QuantX:
+    return QuantX(torch.empty((m, k), dtype=torch.int8, device=device),
+                  torch.empty((m, k // 32), dtype=torch.float32, device=device),
+                  torch.empty((m, k // 16), dtype=torch.float32, device=device))
+
+
+def norm_quantize_x(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[QuantX, torch.Tensor]:
+    """(``quantize_x(rms_norm(x + r) · w)``, x + r) in one launch; x, r [M, K] contiguous, one
+    dtype, K a multiple of 32: the RMSNorm before Q/K/V and gate/up hands the GEMV its codes."""
+    m, k = x.shape
+    assert k % 32 == 0 and x.is_contiguous() and r.is_contiguous() and r.dtype == x.dtype
+    xq = _empty_quant(m, k, x.device)
+    s = torch.empty_like(x)
+    block = triton.next_power_of_2(k)
+    _norm_quant_kernel[(m,)](x, r, w, s, xq.q, xq.d, xq.s, k, eps, BLOCK=block,
+                             num_warps=min(16, max(1, block // 256)))
+    return QuantX(xq.q.view(torch.int32), xq.d, xq.s), s
+
+
+def act_quantize_x(gu: torch.Tensor, n_ff: int, act: str) -> QuantX:
+    """``quantize_x(act(gu[:, :n_ff]) · gu[:, n_ff:])`` in one launch (act = silu | gelu_tanh;
+    n_ff a multiple of 32, rows of gu contiguous): act·mul hands the down projection its codes."""
+    m = gu.shape[0]
+    assert n_ff % 32 == 0 and gu.stride(1) == 1
+    xq = _empty_quant(m, n_ff, gu.device)
+    block = min(1024, triton.next_power_of_2(n_ff))
+    _act_quant_kernel[(m, triton.cdiv(n_ff, block))](gu, xq.q, xq.d, xq.s, n_ff, gu.stride(0),
+                                                      GELU=act == "gelu_tanh", BLOCK=block, num_warps=4)
+    return QuantX(xq.q.view(torch.int32), xq.d, xq.s)
+
+
 def quantize_x_reference(x: torch.Tensor) -> QuantX:
     """``quantize_x`` in torch."""
     m, k = x.shape
