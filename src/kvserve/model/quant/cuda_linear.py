@@ -31,6 +31,18 @@ GEMV_MAX_ROWS = 8
 ACTIVATIONS = os.environ.get("KVSERVE_GEMV_ACTIVATIONS", "int8")
 if ACTIVATIONS not in ("int8", "float"):
     raise ValueError(f"KVSERVE_GEMV_ACTIVATIONS={ACTIVATIONS!r}: int8 or float")
+# ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
+PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
+_SIDE: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The second stream of a module's parallel segments (one per device, made on first use: the
+    decode graphs' warm-up runs before their capture)."""
+    s = _SIDE.get(device)
+    if s is None:
+        s = _SIDE[device] = torch.cuda.Stream(device)
+    return s
 
 
 
@@ -79,13 +91,30 @@ class CudaQuantLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def _q8(self, xq: triton_q8.QuantX, dtype: torch.dtype) -> torch.Tensor:
-        """The GEMVs of every segment on int8 activations, in the members' column order."""
+        """The GEMVs of every segment on int8 activations, in the members' column order. On CUDA
+        the segments after the first run on a second stream, beside the first (in a captured
+        graph: parallel branches): a small projection's GEMV is mostly latency, so Q4_K Q/K and
+        Q6_K V together take about as long as the longer of the two."""
         m = xq.q.shape[0]
         y = torch.empty((m, self.out_features), dtype=dtype, device=xq.q.device)
-        for s in self.segments:
-            b = None if self.bias is None else self.bias[s.col : s.col + s.n]
-            triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
+        segs = list(self.segments)
+        if len(segs) > 1 and y.is_cuda and PARALLEL_SEGMENTS:
+            main = torch.cuda.current_stream(y.device)
+            side = _side_stream(y.device)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                for s in segs[1:]:
+                    self._segment_q8(xq, s, y)
+            self._segment_q8(xq, segs[0], y)
+            main.wait_stream(side)
+        else:
+            for s in segs:
+                self._segment_q8(xq, s, y)
         return y if self.perm is None else y[:, self.perm]
+
+    def _segment_q8(self, xq: triton_q8.QuantX, s: _Segment, y: torch.Tensor) -> None:
+        b = None if self.bias is None else self.bias[s.col : s.col + s.n]
+        triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
 
     def _fusable(self, x: torch.Tensor) -> bool:
         return (ACTIVATIONS == "int8" and x.dim() == 2 and (x.is_cuda or triton_gemv._INTERPRET)
