@@ -21,8 +21,8 @@
 #   b1       batch-1 decode at 2k context: the dense GEMVs per shape (bench/dense_gemv.py: cuBLAS vs
 #            the Triton GEMV chosen at load), then engine decode b1 of 1B bf16 (with its kernels per
 #            step), 8B bf16 and 8B Q4_K_M (Llama-3 vocabulary, quantized weights); with BASELINE_SRC
-#            each engine row runs on that tree first, in the same run. B1_MODELS picks rows
-#            (default "1b 8b q8b")
+#            each engine row runs on that tree first, in the same run. B1_MODELS picks parts
+#            (default "sweep 1b 8b q8b"; sweep = bench/dense_gemv.py)
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
 # PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
@@ -53,7 +53,7 @@ phase "environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 SQ8B="llama:n_layer=32,n_embd=4096,n_head=32,n_head_kv=8,head_dim=128,n_ff=14336,n_vocab=128256,n_ctx=8192,rope_base=500000.0,tied=false"
-B1_MODELS=${B1_MODELS:-1b 8b q8b}
+B1_MODELS=${B1_MODELS:-sweep 1b 8b q8b}
 if want engine || { want b1 && [[ " $B1_MODELS " == *" 8b "* ]]; }; then
   synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!
 fi
@@ -79,8 +79,10 @@ if want parity; then
   $PY bench/logit_traces.py --model "$(synth "$S1B")" --device cuda --fast
 fi
 if want b1; then
-  phase "dense decode GEMVs: cuBLAS vs Triton per shape"
-  timeout 240 $PY bench/dense_gemv.py
+  if [[ " $B1_MODELS " == *" sweep "* ]]; then
+    phase "dense decode GEMVs: cuBLAS vs Triton per shape"
+    timeout 240 $PY bench/dense_gemv.py
+  fi
   b1() {  # name, extra engine args...: the row on the baseline tree (if any), then on this one
     local name=$1; shift
     if [ -n "${BASELINE_SRC:-}" ]; then
