@@ -55,8 +55,9 @@ class Config(NamedTuple):
 
 # What the load-time timing tries (at one row; the two fastest again at four): 4-16 KiB of
 # weights a program loads per step, 4-16 programs a multiprocessor, one pipelined K loop.
-# (On an H200, bench/dense_gemv.py: (32, 512, 8, 2) was never the fastest; the 8-16 programs a
-# multiprocessor of 4-16 KiB were, within a few % of each other on the large tensors.)
+# (On an H200, bench/dense_gemv.py: the candidates of 4-8 programs a multiprocessor were within
+# a few % of each other on every tensor of the 1B and 8B shapes; (32, 512, 8, 2), fastest only
+# on the 1B O projection by 0.3 %, was dropped.)
 CANDIDATES = [Config(16, 256, 4, 8), Config(32, 256, 4, 4), Config(8, 512, 4, 8), Config(64, 128, 4, 4),
               Config(16, 256, 4, 16), Config(8, 512, 4, 16), Config(8, 256, 2, 16), Config(16, 256, 4, 8, 2)]
 ROLES = ("plain", "norm", "act")
