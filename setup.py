@@ -1,9 +1,10 @@
-"""The native CPU kernels (kvserve.model.quant._qmm, the linear layers; kvserve.model._attn, attention):
-built by ``pip install`` (also editable).
+"""The native CPU kernels (kvserve.model.quant._qmm, the linear layers; kvserve.model._attn, attention;
+kvserve.model._ops_cpu, the layer's norms, RoPE with the KV write and activations): built by
+``pip install`` (also editable).
 
 Optional: where no C compiler is found the package installs without them and the quantized
-CPU path falls back to torch's int4 kernel (the load log says which path runs), and CPU attention to
-torch's SDPA."""
+CPU path falls back to torch's int4 kernel (the load log says which path runs), CPU attention to
+torch's SDPA and the layer ops to the torch layer code."""
 
 from setuptools import Extension, setup
 
@@ -29,6 +30,16 @@ setup(
             "kvserve.model._attn",
             ["src/kvserve/model/attn_cpu.c"],
             extra_compile_args=FLAGS,
+            extra_link_args=["-fopenmp", "-lm"],
+            optional=True,
+        ),
+        Extension(
+            "kvserve.model._ops_cpu",
+            ["src/kvserve/model/ops_cpu.c"],
+            depends=[f"{QUANT}/qmm.h"],
+            # -fno-trapping-math lets the SiLU loop vectorize (selects instead of branches); no
+            # result changes: it only drops the assumption that float exceptions trap
+            extra_compile_args=FLAGS + ["-fno-trapping-math"],
             extra_link_args=["-fopenmp", "-lm"],
             optional=True,
         ),

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kvserve.plan import KVMove, Plan, SeqChunk
+from kvserve.model import ops_cpu
 from kvserve.model.loader import load_gguf
 from kvserve.model.quant.linear import GEMV_MAX_ROWS
 from kvserve.model.rope import apply_rope, apply_rope_full, full_tables, rope_cos_sin
@@ -14,6 +15,9 @@ from kvserve.model.runner import ModelRunner
 from kvserve.model.synth import SynthSpec, write_random_gguf
 
 TOL = 1e-4  # float32 weights: chunking and batching change only the summation order
+# ... which the native ops' GELU (ggml's f16 table: an ulp of its input now and then moves its
+# output by an f16 step) grows to ~7e-4 on this Gemma 3
+TOL_GELU_TABLE = 2e-3
 # Quantized weights: a few rows run the int4 kernel, many rows a dequantize + bf16 GEMM, both
 # with bf16 outputs, so two chunkings of one prompt differ by bf16 roundings: a few bf16 ulps of
 # the largest logit (a wrong page or position differs by the logits' own scale).
@@ -30,11 +34,12 @@ def runner(request, tmp_path_factory):
     assert loaded.weights == "quant"
     r = ModelRunner(loaded, n_pages=256, page_size=16, n_ubatch=4096)
     r.rel_tol = TOL_QUANT if qtype else 0.0  # type: ignore[attr-defined]
+    r.abs_tol = TOL_GELU_TABLE if arch == "gemma3" and ops_cpu.ENABLED else TOL  # type: ignore[attr-defined]
     return r
 
 
 def _close(runner, got: torch.Tensor, ref: torch.Tensor) -> bool:
-    tol = runner.rel_tol * ref.abs().max().item() if runner.rel_tol else TOL
+    tol = runner.rel_tol * ref.abs().max().item() if runner.rel_tol else runner.abs_tol
     return (got - ref).abs().max().item() <= tol
 
 

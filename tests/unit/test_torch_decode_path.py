@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvserve.model import ops_cpu
 from kvserve.model.attention import SeqKeys
 from kvserve.model.backends import torch_ref
 from kvserve.model.loader import load_gguf
@@ -69,16 +70,21 @@ def test_one_sequence_decode_matches_generic_path(arch, window, kv_dtype, wide, 
         for i, (g, w) in enumerate(zip(got, want)):
             if wide:
                 assert torch.equal(g, w), (table, i, (g - w).abs().max().item())
-            else:
-                torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+            else:  # float32 attention differs by ulps between the paths; the native ops' GELU
+                # (ggml's f16 table) turns an ulp of its input into an f16 step now and then
+                tol = 5e-3 if arch == "gemma3" and ops_cpu.ENABLED else 1e-5
+                torch.testing.assert_close(g, w, rtol=1e-5, atol=tol)
 
 
-def test_rms_norm_is_f_rms_norm_bit_for_bit():
-    """``layers.RMSNorm`` on the CPU runs F.rms_norm's arithmetic in fewer calls: the same bits
-    (row lengths, eps, one row or many, with the residual add before it)."""
+def test_rms_norm_is_f_rms_norm_bit_for_bit(monkeypatch):
+    """``layers.RMSNorm``'s torch code on the CPU (the native ops off) runs F.rms_norm's
+    arithmetic in fewer calls: the same bits (row lengths, eps, one row or many, with the
+    residual add before it)."""
     import torch.nn.functional as F
 
     from kvserve.model.layers import RMSNorm
+
+    monkeypatch.setattr(ops_cpu, "ENABLED", False)
 
     g = torch.Generator().manual_seed(0)
     for n, eps in [(576, 1e-5), (896, 1e-6), (64, 1e-6), (640, 1e-8)]:

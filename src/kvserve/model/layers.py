@@ -1,5 +1,9 @@
 """Building blocks shared by the architecture files (submodules called through ``.forward``, as
-in ``arch.llama``)."""
+in ``arch.llama``).
+
+On the CPU with float32 activations the native ops of ``ops_cpu`` run them (one call each, with
+llama.cpp's arithmetic; ``KVSERVE_NATIVE=0`` or an unbuilt extension keeps the torch code below,
+the readable reference); on CUDA the Triton kernels of ``norm_kernel``."""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import norm_kernel
+from . import norm_kernel, ops_cpu
 
 
 class RMSNorm(nn.Module):
@@ -24,6 +28,8 @@ class RMSNorm(nn.Module):
         self._consts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, device) → (n, eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
+        if ops_cpu.enabled(x):  # residual (if any) updated in place: it is the block's own sum
+            return ops_cpu.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         if norm_kernel.available(x) and residual.is_contiguous() and residual.dtype == x.dtype:
@@ -69,11 +75,15 @@ class GatedMLP(nn.Module):
         if self.gate_up is not None:
             return self.from_gate_up(self.gate_up.forward(x))
         g, u = self.gate.forward(x), self.up.forward(x)
+        if ops_cpu.enabled(g):
+            return self.down.forward(ops_cpu.act_mul(g, self.n_ff, self.act, u))
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
         return self.down.forward(torch.mul(g, u))
 
     def from_gate_up(self, gu: torch.Tensor) -> torch.Tensor:
         """down(act(g) * u) of the fused projection's output gu = [g | u] (this call's own)."""
+        if ops_cpu.enabled(gu):
+            return self.down.forward(ops_cpu.act_mul(gu, self.n_ff, self.act))
         if gu.dim() == 2 and gu.stride(-1) == 1 and norm_kernel.available(gu):
             fused = getattr(self.down, "forward_act", None)  # dense_gemv.GemvLinear: one launch
             if fused is not None:

@@ -22,6 +22,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from ..plan import Plan, RunOutput, SeqChunk, TierCopy
+from . import ops_cpu
 from .backends import StepSeq, backend_name, make_backend
 from .graph_runner import GraphRunner, fill_fed
 from .host_kv import HostKVStore
@@ -69,7 +70,8 @@ class ModelRunner:
         graphs_on = os.environ.get("KVSERVE_CUDA_GRAPHS", "1") != "0"
         if self.backend.supports_graphs and self.device.type == "cuda" and graphs_on:
             self.graphs = GraphRunner(self.model, self.backend, max(1, min(max_batch, self.n_ubatch)))
-        log.info("attention backend: %s%s", self.backend.name, ", CUDA graphs for decode" if self.graphs else "")
+        log.info("attention backend: %s%s%s", self.backend.name, ", CUDA graphs for decode" if self.graphs else "",
+                 f"; layer ops: {ops_cpu.describe()}" if self.device.type == "cpu" else "")
         # ``run`` returns once the step is queued; the device finishes it later (CUDA streams)
         self.asynchronous = self.device.type == "cuda"
 

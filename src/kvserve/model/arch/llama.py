@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops_cpu
 from ..backends.base import AttentionStep
 from ..config import ModelConfig
 from ..layers import GatedMLP, RMSNorm, norm_linear
@@ -45,6 +46,9 @@ class Attention(nn.Module):
         cfg = self.cfg
         if not cfg.qk_norm:
             o = step.attend_qkv(self.layer, qkv, cfg.n_head, cfg.n_head_kv)
+            return self.o.forward(o.reshape(qkv.shape[0], cfg.n_head * cfg.head_dim))
+        if ops_cpu.enabled(qkv):  # QK-norm fused with RoPE and the KV write
+            o = step.attend_qkv(self.layer, qkv, cfg.n_head, cfg.n_head_kv, (self.q_norm, self.k_norm))
             return self.o.forward(o.reshape(qkv.shape[0], cfg.n_head * cfg.head_dim))
         q, k, v = qkv.split(self.qkv_sizes, dim=-1)
         return self._attend(q, k, v, step)

@@ -19,6 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,16 @@ class AttentionStep(ABC):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """RoPE on q/k, KV write, attention: returns [T, H, D] in q's dtype."""
 
-    def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
+    def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int,
+                   qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
         """``attend`` on a fused projection's output: qkv [T, (H + 2·Hkv)·D] holds q, k and v side
-        by side (a backend may rotate q and k together). Returns [T, H, D]."""
+        by side (a backend may rotate q and k together); ``qk_norm``: the per-head RMSNorms of q and
+        k, applied before RoPE (a backend may fuse them). Returns [T, H, D]."""
         t = qkv.shape[0]
         x = qkv.view(t, n_head + 2 * n_head_kv, -1)
         q, k, v = x.split((n_head, n_head_kv, n_head_kv), dim=1)
+        if qk_norm is not None:
+            q, k = qk_norm[0].forward(q), qk_norm[1].forward(k)
         return self.attend(layer, q, k, v)
 
 

@@ -28,8 +28,9 @@ each torch call, not its arithmetic.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from .. import attn_native
+from .. import attn_native, ops_cpu
 from ..attention import AttnMeta, Scratch, SeqKeys, build_meta, one_query_attention, paged_attention
 from ..config import ModelConfig
 from ..kv_store import PagedKVStore
@@ -103,10 +104,25 @@ class TorchStep(AttentionStep):
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._attend(layer, self._rope(layer, q), self._rope(layer, k), v)
 
-    def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
+    def attend_qkv(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int,
+                   qk_norm: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
         """q and k rotated together (one set of elementwise ops for both: the same values). One
         token of one sequence: rotated in place in the projection's output, where k and v then
-        lie side by side and go into the pool's row in one copy."""
+        lie side by side and go into the pool's row in one copy. With the native ops
+        (``ops_cpu``): QK-norm, RoPE and the KV write in one call, in place in the output."""
+        if ops_cpu.enabled(qkv):
+            be = self._be
+            key = be.layer_rope[layer]
+            qw = kw = None
+            eps = 0.0
+            if qk_norm is not None:
+                qw, kw, eps = qk_norm[0].weight, qk_norm[1].weight, qk_norm[0].eps
+            x = ops_cpu.rope_kv(qkv, n_head, n_head_kv, self.cfg.head_dim, be.rope.cos[key], be.rope.sin[key],
+                                self.positions, self.meta.write_rows, be.kv_layers[layer], be.neox, qw, kw,
+                                eps)
+            return self._attention(layer, x[:, :n_head])
+        if qk_norm is not None:
+            return super().attend_qkv(layer, qkv, n_head, n_head_kv, qk_norm)
         t = qkv.shape[0]
         x = qkv.view(t, n_head + 2 * n_head_kv, -1)
         if self._in_place:
@@ -163,6 +179,7 @@ class TorchBackend(AttentionBackend):
         self.layer_rope = [cfg.layer_rope(i) for i in range(cfg.n_layer)]
         self.layer_window = [cfg.layer_window(i) for i in range(cfg.n_layer)]
         self.attn_scale = cfg.attn_scale
+        self.neox = cfg.rope_style == "neox"
         self.k_layers, self.v_layers, self.kv_layers = kv.k_layers, kv.v_layers, kv.kv_layers
         self.min_window = min((w for w in self.layer_window if w > 0), default=0)
         # CPU attention in one native call per layer where the extension is built (attn_native)

@@ -161,20 +161,21 @@ class NativeLinear(nn.Module):
         return [s.qtype for s in self.segments]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        if x2.dtype != torch.float32 or not x2.is_contiguous():
-            x2 = x2.float().contiguous()
-        m, n = x2.shape[0], self.out_features
-        out = torch.empty(m, n)
+        # a float32 row-major x (every CPU step's activations) is read in place: one torch call
+        # (the output's allocation) per call, where a decode step's calls cost more than its bytes
+        k, n = self.in_features, self.out_features
+        x2 = x
+        if x.dtype is not _F32 or not x.is_contiguous():
+            x2 = x.float().contiguous()
+        m = x2.numel() // k
+        out = torch.empty((*x.shape[:-1], n))
         threads = torch.get_num_threads()
         for s in self.segments:
-            _qmm.matmul(FORMATS[s.qtype], x2.data_ptr(), m, self.in_features, s.raw.data_ptr(), s.n,
-                        out.data_ptr() + 4 * s.n0, n, threads, _ISA)
+            _qmm.matmul(FORMATS[s.qtype], x2.data_ptr(), m, k, s.raw.data_ptr(), s.n, out.data_ptr() + 4 * s.n0,
+                        n, threads, _ISA)
         if self.bias is not None:
             out += self.bias
-        if out.dtype != x.dtype:
-            out = out.to(x.dtype)
-        return out.view(*x.shape[:-1], n)
+        return out if x.dtype is _F32 else out.to(x.dtype)
 
     def weight_bytes(self) -> int:
         return sum(s.raw.nbytes for s in self.segments) + (0 if self.bias is None else self.bias.nbytes)
@@ -187,3 +188,4 @@ class NativeLinear(nn.Module):
 
 
 _ISA = best_isa() if _qmm is not None else 0
+_F32 = torch.float32
