@@ -471,3 +471,23 @@ def test_decode_of_lists_tuples_and_iterables_agree(request: pytest.FixtureReque
         tok.decode_bytes([5, tok.n_vocab])
     with pytest.raises(ValueError):
         tok.decode_bytes([-1, 5])
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_vocabulary_is_read_from_the_library(request: pytest.FixtureRequest, model: str) -> None:
+    """Once built, the tokenizer's ``vocab.tokens`` and ``vocab.token_to_id`` read the library's
+    vocabulary (no Python copies): the same entries as the metadata's."""
+    tok = _tok(request, model)
+    meta = request.getfixturevalue({"smollm2": "smollm_meta", "gemma3": "gemma_meta"}[model])
+    ref = VocabInfo.from_metadata(dict(meta))
+    assert not isinstance(tok.vocab.tokens, list) and len(tok.vocab.tokens) == len(ref.tokens)
+    assert list(tok.vocab.tokens) == ref.tokens
+    assert tok.vocab.tokens[-1] == ref.tokens[-1] and tok.vocab.tokens[5:40:7] == ref.tokens[5:40:7]
+    for text in ref.tokens[:: max(1, len(ref.tokens) // 3000)]:
+        assert tok.vocab.token_to_id[text] == ref.token_to_id[text]
+        assert text in tok.vocab.token_to_id
+    assert len(tok.vocab.token_to_id) == len(ref.token_to_id)
+    assert tok.vocab.token_to_id.get("no such token \x00") is None
+    with pytest.raises(IndexError):
+        tok.vocab.tokens[len(ref.tokens)]
+    assert tok.token_text(len(ref.tokens) - 1) == ref.tokens[-1]
