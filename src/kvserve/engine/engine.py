@@ -50,11 +50,13 @@ from .stats import EngineStats, throughput
 
 log = logging.getLogger("kvserve.engine")
 
-# A prefill's temporaries stay resident in glibc's arenas after they are freed (~100-200 MiB on
-# the CPU for a 700-token prompt; docs/benchmarks.md §6). Once the engine has been idle this
-# long after one, they go back to the OS (``heap.trim``). Not sooner: the next prefill then
-# faults those pages in again (~1-2% of its time), which a burst of requests should not pay.
-TRIM_IDLE_S = 1.0
+# A prefill's temporaries stay resident in glibc's arenas after they are freed (40-130 MiB on
+# the CPU after a 700-token prompt, depending on the heap's layout; docs/benchmarks.md §6). Once
+# the engine has been idle this long after one, they go back to the OS (``heap.trim``). Not
+# sooner: the next prefill faults those pages in again, 1-3% more CPU time for that prefill
+# (SmolLM2, Qwen2.5-0.5B, 700 tokens, one thread), which requests in a burst or a conversation
+# should not pay.
+TRIM_IDLE_S = 5.0
 
 
 @dataclass(frozen=True)
