@@ -15,7 +15,7 @@ SERVER_IMPORTS = (
     "kvserve.__main__", "kvserve.server.http_server", "kvserve.server.agent_tools", "kvserve.router.child",
     "kvserve.engine.engine", "kvserve.model.loader", "kvserve.model.tokenizer", "kvserve.model.chat_template",
 )
-LAZY = ("httpx", "kvserve.router.app", "kvserve.router.pool", "kvserve.router.serve")
+LAZY = ("httpx", "kvserve.router.app", "kvserve.router.pool", "kvserve.router.serve", "kvserve.model.quant.cuda_pack")
 
 
 def _imported_after(modules: tuple[str, ...]) -> set[str]:

@@ -26,7 +26,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
-from . import cuda_pack, native
+from . import native
 from .dequant import dequantize
 from .groups import GROUP, GROUPED, GGUFGroups
 from .linear import DenseLinear, QuantLinear
@@ -53,6 +53,8 @@ class RawTensor(NamedTuple):
 
 def path_of(t: RawTensor, device: torch.device | None = None) -> str:
     if device is not None and device.type == "cuda":
+        from . import cuda_pack  # the CUDA layout: imported only there
+
         return "cuda-quant" if cuda_pack.supported(t.qtype, t.shape[1]) else "dense"
     if native.supported(t.qtype, t.shape[1]):
         return "native"
@@ -74,6 +76,7 @@ def linear(
     if path == "int4":
         return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape, w.release) for w in weights], bias)
     if path == "cuda-quant":
+        from . import cuda_pack
         from .cuda_linear import CudaQuantLinear  # imports triton: only on CUDA
 
         assert device is not None
@@ -93,8 +96,11 @@ def _raw_on(t: RawTensor, device: torch.device) -> torch.Tensor:
 
 def dense_on(t: RawTensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """The dequantized matrix on ``device``: on CUDA computed there for the formats it packs."""
-    if device.type == "cuda" and cuda_pack.supported(t.qtype, t.shape[1]):
-        return cuda_pack.dequantize(_raw_on(t, device), t.qtype, t.shape[1], dtype)
+    if device.type == "cuda":
+        from . import cuda_pack
+
+        if cuda_pack.supported(t.qtype, t.shape[1]):
+            return cuda_pack.dequantize(_raw_on(t, device), t.qtype, t.shape[1], dtype)
     return dequantize(t.data, t.qtype, t.shape).to(device=device, dtype=dtype)
 
 
