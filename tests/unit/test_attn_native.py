@@ -1,5 +1,6 @@
 """The native CPU attention kernel (``model/attn_native.py``, ``attn_cpu.c``) against a numpy
-reference of the same arithmetic (llama.cpp's one-row flash attention), bit for bit: GQA ratios,
+reference of the same arithmetic (llama.cpp's one-row flash attention; for head sizes >= 128 with a
+float16 cache, the float16 accumulation of its AVX512-FP16 build), bit for bit: GQA ratios,
 head sizes (the AVX-512 and the scalar functions), lengths across page boundaries, scattered pages,
 sliding windows, float16 and float32 KV, several sequences in one call; the instruction sets and
 1–3 threads give the same bits; a row's output is the same whatever batch it is computed in; the
@@ -64,6 +65,7 @@ def reference(q, kv, seqs, page_size, window, scale):
     out = np.zeros((t_all, h_all, d), f32)
     g = h_all // kv.shape[2]
     r16 = (lambda x: x.astype(np.float16).astype(f32)) if f16 else (lambda x: x)
+    n16 = d & ~127 if f16 and d >= 128 else 0  # llama.cpp's AVX512-FP16 build: float16 accumulation
     t = 0
     for start, n, table in seqs:
         for i in range(n):
@@ -79,10 +81,13 @@ def reference(q, kv, seqs, page_size, window, scale):
                     if s > m:
                         ms = _expf(f32(m - s))
                         m = s
-                        acc = r16(acc * ms)
+                        acc = np.concatenate([r16(acc[:n16] * f32(np.float16(ms))), r16(acc[n16:] * ms)])
                     else:
                         vs = _expf(f32(s - m))
-                    acc = r16(_fma(vn[row, h // g], vs, acc))
+                    v = vn[row, h // g]
+                    # float16 arithmetic for the first n16: v·f16(vs) + acc rounded once (float64 holds it exactly)
+                    a16 = (v[:n16].astype(np.float64) * np.float64(np.float16(vs)) + acc[:n16]).astype(np.float16)
+                    acc = np.concatenate([a16.astype(f32), r16(_fma(v[n16:], vs, acc[n16:]))])
                     s_sum = _fma(s_sum, ms, vs)
                 inv = f32(0) if s_sum == 0 else f32(f32(1) / s_sum)
                 out[t, h] = acc * inv
@@ -111,7 +116,8 @@ def _case(seed, h, hkv, d, seqs_shape, page_size, kv_dtype, scattered=True):
     [
         (6, 2, 64, [(0, 7)], 0),  # a prompt, GQA 3
         (4, 4, 64, [(13, 4), (20, 1), (3, 1)], 0),  # a cached prefix + chunk, two decodes, MHA
-        (8, 2, 128, [(30, 3)], 0),  # two steps of 64 per dot
+        (8, 2, 128, [(30, 3)], 0),  # two steps of 64 per dot; float16 accumulation arithmetic
+        (4, 1, 256, [(0, 5), (40, 1)], 0),  # Gemma 3's head size
         (4, 1, 64, [(5, 6), (17, 1)], 7),  # sliding window
         (2, 1, 48, [(9, 3)], 0),  # not a multiple of 64: the scalar functions, leftovers in double
     ],
@@ -126,14 +132,15 @@ def test_matches_reference_bit_for_bit(kv_dtype, h, hkv, d, seqs_shape, window):
     assert torch.equal(got, want), (got - want).abs().max()
 
 
-def test_isas_and_threads_give_the_same_bits():
+@pytest.mark.parametrize("h,hkv,d", [(9, 3, 64), (4, 1, 256)])
+def test_isas_and_threads_give_the_same_bits(h, hkv, d):
     for kv_dtype in (torch.float16, torch.float32):
-        q, kv, seqs = _case(1, 9, 3, 64, [(0, 70), (200, 1), (37, 5)], 16, kv_dtype)  # enough work for threads
+        q, kv, seqs = _case(1, h, hkv, d, [(0, 70), (200, 1), (37, 5)], 16, kv_dtype)  # enough work for threads
         keys = attn_native.NativeKeys(seqs, 16)
-        outs = [attn_native.attend(q, kv, keys, 0, 0.125, threads=t, isa=i) for t in (1, 2, 3) for i in (1, 0)]
+        outs = [attn_native.attend(q, kv, keys, 0, d**-0.5, threads=t, isa=i) for t in (1, 2, 3) for i in (2, 1, 0)]
         for o in outs[1:]:
             assert torch.equal(o, outs[0])
-        outs = [attn_native.attend(q, kv, keys, 24, 0.125, threads=t) for t in (1, 3)]
+        outs = [attn_native.attend(q, kv, keys, 24, d**-0.5, threads=t) for t in (1, 3)]
         assert torch.equal(outs[0], outs[1])
 
 

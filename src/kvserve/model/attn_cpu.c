@@ -83,6 +83,27 @@ static inline uint16_t f2h(float f) {
 
 static inline float r16(float f) { return h2f(f2h(f)); }
 
+/* a double rounded to float16 once (round to nearest even) */
+static inline float d2h_f(double x) {
+    const double a = fabs(x);
+    if (a >= 65520.0) return x < 0 ? -INFINITY : INFINITY;
+    double r;
+    if (a < 0x1p-14) { /* subnormal: a multiple of 2^-24 */
+        r = nearbyint(a * 0x1p24) * 0x1p-24;
+    } else {
+        int e;
+        frexp(a, &e); /* a in [2^(e-1), 2^e): 11 significant bits */
+        r = ldexp(nearbyint(ldexp(a, 11 - e)), e - 11);
+    }
+    return (float)(x < 0 ? -r : r);
+}
+
+/* float16 arithmetic of the accumulator (llama.cpp's AVX512-FP16 build, for head sizes >= 128):
+ * acc = fma16(v, f16(vs), acc) and acc = acc * f16(ms), one float16 rounding each; the product
+ * of two float16 values is exact in float32 and, beside a float16 addend of these magnitudes
+ * (|v·vs| <= 65504), the sum is exact in double */
+static inline float fma16(float v, float w16, float acc) { return d2h_f((double)v * (double)w16 + (double)acc); }
+
 /* ---- one item: rows [t0, t0 + R) of one sequence and the G query heads of one kv head ---- */
 
 #define MAX_CHAINS 32 /* R * G (row, head) pairs of an item */
@@ -103,7 +124,9 @@ typedef struct {
 
 typedef struct {
     int64_t D;
-    int f16; /* K and V float16 (else float32) */
+    int f16;     /* K and V float16 (else float32) */
+    int64_t n16; /* float16 KV: the first n16 elements accumulate in float16 arithmetic (below) */
+    int fp16;    /* ...with the CPU's float16 instructions (AVX512-FP16), else emulated */
     float scale, softcap;
 } params;
 
@@ -156,11 +179,15 @@ static void pair_ref(const item *it, int c, const params *p, float *qb, float *a
         if (s > M) {
             ms = expf(M - s);
             M = s;
-            for (int64_t d = 0; d < D; d++) acc[d] = p->f16 ? r16(acc[d] * ms) : acc[d] * ms;
+            const float m16 = r16(ms);
+            for (int64_t d = 0; d < p->n16; d++) acc[d] = r16(acc[d] * m16);
+            for (int64_t d = p->n16; d < D; d++) acc[d] = p->f16 ? r16(acc[d] * ms) : acc[d] * ms;
         } else {
             vs = expf(s - M);
         }
-        for (int64_t d = 0; d < D; d++) {
+        const float w16 = r16(vs);
+        for (int64_t d = 0; d < p->n16; d++) acc[d] = fma16(ld(vr, d, 1), w16, acc[d]);
+        for (int64_t d = p->n16; d < D; d++) {
             const float y = fmaf(ld(vr, d, p->f16), vs, acc[d]);
             acc[d] = p->f16 ? r16(y) : y;
         }
@@ -187,6 +214,74 @@ T512 static inline __m512 ld16(const char *base, int64_t d, int f16) {
 
 T512 static inline __m512 round16(__m512 x) {
     return _mm512_cvtph_ps(_mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* fma16 on 16 lanes with AVX-512F: p = v·w exact, s + e = p + acc exactly (TwoSum), s rounded to
+ * float16; where s is exactly halfway between two float16 values the sign of e decides (elsewhere
+ * e is too small to change the rounding) */
+T512 static inline __m512 fma16_512(__m512 v, __m512 w16, __m512 acc) {
+    const __m512 pr = _mm512_mul_ps(v, w16);
+    const __m512 s = _mm512_add_ps(pr, acc);
+    const __m512 bb = _mm512_sub_ps(s, pr);
+    const __m512 e = _mm512_add_ps(_mm512_sub_ps(pr, _mm512_sub_ps(s, bb)), _mm512_sub_ps(acc, bb));
+    const __m512 r = round16(s);
+    const __m512 lo = _mm512_cvtph_ps(_mm512_cvtps_ph(s, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+    const __m512 hi = _mm512_cvtph_ps(_mm512_cvtps_ph(s, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC));
+    const __mmask16 tie = _mm512_cmp_ps_mask(lo, hi, _CMP_NEQ_OQ) &
+                          _mm512_cmp_ps_mask(_mm512_sub_ps(s, lo), _mm512_sub_ps(hi, s), _CMP_EQ_OQ);
+    const __m512 zero = _mm512_setzero_ps();
+    const __mmask16 up = tie & _mm512_cmp_ps_mask(e, zero, _CMP_GT_OQ);
+    const __mmask16 down = tie & _mm512_cmp_ps_mask(e, zero, _CMP_LT_OQ);
+    return _mm512_mask_blend_ps(down, _mm512_mask_blend_ps(up, r, hi), lo);
+}
+
+/* The float16-arithmetic columns [i, i + 64) of up to 4 pairs over a block's keys with the CPU's
+ * own float16 instructions (AVX512-FP16): the same single roundings as fma16_512 */
+#define TFP16 __attribute__((target("avx512fp16,avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+TFP16 static void slice_fp16(float *acc, int64_t D, int64_t i, int c0, int nc, const float *vb, int nk,
+                             float msv[][KB_MAX], float vsv[][KB_MAX]) {
+    __m512h y[4][2];
+    for (int c = 0; c < nc; c++)
+        for (int u = 0; u < 2; u++) {
+            const float *a = acc + (c0 + c) * D + i + 32 * u;
+            const __m256i lo = _mm512_cvtps_ph(_mm512_loadu_ps(a), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m256i hi = _mm512_cvtps_ph(_mm512_loadu_ps(a + 16), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            y[c][u] = _mm512_castsi512_ph(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+        }
+    for (int j = 0; j < nk; j++) {
+        const float *vj = vb + j * D + i;
+        __m512h v[2];
+        for (int u = 0; u < 2; u++) {
+            const __m256i lo = _mm512_cvtps_ph(_mm512_loadu_ps(vj + 32 * u), _MM_FROUND_TO_NEAREST_INT);
+            const __m256i hi = _mm512_cvtps_ph(_mm512_loadu_ps(vj + 32 * u + 16), _MM_FROUND_TO_NEAREST_INT);
+            v[u] = _mm512_castsi512_ph(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+        }
+        for (int c = 0; c < nc; c++) {
+            const float ms = msv[c0 + c][j], vs = vsv[c0 + c][j];
+            if (vs == 0.0f && ms == 0.0f) continue; /* (outside the pair's keys) */
+            if (ms != 1.0f) {
+                const __m512h m = _mm512_set1_ph((_Float16)ms);
+                y[c][0] = _mm512_mul_ph(y[c][0], m);
+                y[c][1] = _mm512_mul_ph(y[c][1], m);
+            }
+            const __m512h w = _mm512_set1_ph((_Float16)vs);
+            y[c][0] = _mm512_fmadd_ph(v[0], w, y[c][0]);
+            y[c][1] = _mm512_fmadd_ph(v[1], w, y[c][1]);
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        for (int u = 0; u < 2; u++) {
+            float *a = acc + (c0 + c) * D + i + 32 * u;
+            const __m512i b = _mm512_castph_si512(y[c][u]);
+            _mm512_storeu_ps(a, _mm512_cvtph_ps(_mm512_castsi512_si256(b)));
+            _mm512_storeu_ps(a + 16, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(b, 1)));
+        }
+}
+
+static int has_fp16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512fp16") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
 /* a key's 16 lane sums of q·k before the lane tree: (a0 + a2) + (a1 + a3) */
@@ -300,6 +395,10 @@ T512 static void item_512(const item *it, const params *p, float *buf) {
         for (int64_t i = 0; i < D; i += 64)
             for (int c0 = 0; c0 < n; c0 += 4) {
                 const int nc = n - c0 < 4 ? n - c0 : 4;
+                if (i < p->n16 && p->fp16) {
+                    slice_fp16(acc, D, i, c0, nc, vb, nk, msv, vsv);
+                    continue;
+                }
                 __m512 y[4][4];
                 for (int c = 0; c < nc; c++)
                     for (int u = 0; u < 4; u++) y[c][u] = _mm512_loadu_ps(acc + (c0 + c) * D + i + 16 * u);
@@ -310,6 +409,18 @@ T512 static void item_512(const item *it, const params *p, float *buf) {
                     for (int c = 0; c < nc; c++) {
                         const float ms = msv[c0 + c][j], vs = vsv[c0 + c][j];
                         if (vs == 0.0f && ms == 0.0f) continue; /* (outside the pair's keys) */
+                        if (i < p->n16) { /* float16 arithmetic (see fma16) */
+                            if (ms != 1.0f) {
+                                const __m512 vm = _mm512_set1_ps(r16(ms));
+                                for (int u = 0; u < 4; u++) y[c][u] = round16(_mm512_mul_ps(y[c][u], vm));
+                            }
+                            const __m512 w = _mm512_set1_ps(r16(vs));
+                            y[c][0] = fma16_512(v0, w, y[c][0]);
+                            y[c][1] = fma16_512(v1, w, y[c][1]);
+                            y[c][2] = fma16_512(v2, w, y[c][2]);
+                            y[c][3] = fma16_512(v3, w, y[c][3]);
+                            continue;
+                        }
                         if (ms != 1.0f) {
                             const __m512 vm = _mm512_set1_ps(ms);
                             for (int u = 0; u < 4; u++) {
@@ -465,22 +576,32 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     }
     call c = {(const float *)qp, qrs, H, Hkv, D, (const char *)kp, (const char *)vp, krs, (const int64_t *)sp,
               n_seq, (const int64_t *)tp, ps, window, (float *)op, ors};
-    params p = {D, f16, softcap != 0.0f ? scale / softcap : scale, softcap};
-    if (isa < 0 || isa > 1) isa = 1;
+    params p = {D, f16, f16 && D >= 128 ? D & ~(long long)127 : 0, 0, softcap != 0.0f ? scale / softcap : scale, softcap};
+    if (isa < 0 || isa > 2) isa = 2;
     if (isa && !has_512()) isa = 0;
+#ifdef ATTN_X86
+    if (isa == 2 && !has_fp16()) isa = 1;
+#endif
+    p.fp16 = isa == 2;
     Py_BEGIN_ALLOW_THREADS
     attend(&c, &p, nthreads, isa);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
-static PyObject *py_best_isa(PyObject *self, PyObject *args) { return PyLong_FromLong(has_512()); }
+static PyObject *py_best_isa(PyObject *self, PyObject *args) {
+#ifdef ATTN_X86
+    if (has_512() && has_fp16()) return PyLong_FromLong(2);
+#endif
+    return PyLong_FromLong(has_512());
+}
 
 static PyMethodDef methods[] = {
     {"attend", py_attend, METH_VARARGS,
      "attend(q, q_row_stride, H, Hkv, D, k, v, kv_row_stride, f16, seqs, n_seq, tables, page_size, window, out, "
      "out_row_stride, scale, softcap, nthreads, isa): one layer's attention (pointers as integers)"},
-    {"best_isa", py_best_isa, METH_NOARGS, "1 where the AVX-512 functions run, else 0 (scalar)"},
+    {"best_isa", py_best_isa, METH_NOARGS,
+     "2 AVX-512 with AVX512-FP16, 1 AVX-512, 0 scalar: the best this CPU runs (isa= caps it per call)"},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_attn", NULL, -1, methods};

@@ -9,7 +9,8 @@ any width), chunking and thread count gives the same bits.
 ``NativeKeys`` describes where a step's sequences are (built once per step); ``attend`` runs one
 layer. The extension ``_attn`` is built at install time (``setup.py``); without it, or with
 ``KVSERVE_NATIVE=0``, the torch backend computes attention with SDPA (``attention.py``), the
-readable reference. ``KVSERVE_ATTN_ISA=scalar`` runs the scalar reference functions.
+readable reference. ``KVSERVE_ATTN_ISA`` (``scalar``, ``avx512``, ``avx512fp16``) caps the instruction set, as ``isa=``
+does per call; every level computes the same bits.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def supports(kv_dtype: torch.dtype, device: torch.device) -> bool:
     return available() and device.type == "cpu" and kv_dtype in KV_DTYPES
 
 
-_ISA = 0 if os.environ.get("KVSERVE_ATTN_ISA") == "scalar" else 1
+ISAS = {"scalar": 0, "avx512": 1, "avx512fp16": 2}  # capped by the CPU in the call
+_ISA = ISAS.get(os.environ.get("KVSERVE_ATTN_ISA", ""), 2)
 
 
 class NativeKeys:
