@@ -97,3 +97,25 @@ def test_rms_norm_is_f_rms_norm_bit_for_bit(monkeypatch):
             assert torch.equal(out, F.rms_norm(x + r, (n,), norm.weight, eps))
             x = torch.randn(t, 4, n, generator=g) * 1e-3  # eps matters here
             assert torch.equal(norm(x), F.rms_norm(x, (n,), norm.weight, eps))
+
+
+def test_without_the_attention_kernel_the_backend_runs_sdpa(tmp_path, monkeypatch):
+    """No extension (no compiler at install) or KVSERVE_NATIVE_ATTN=0: the CPU backend takes the
+    torch path, and its logits are the same either way."""
+    from kvserve.model import attn_native
+
+    spec = SynthSpec(arch="llama", n_layer=2, head_dim=32, n_embd=128, n_head=4, n_head_kv=2, n_vocab=300)
+    loaded = load_gguf(write_random_gguf(str(tmp_path / "m.gguf"), spec), device=torch.device("cpu"))
+    monkeypatch.setenv("KVSERVE_ATTN_BACKEND", "torch")
+    plan = Plan((SeqChunk(0, tuple(range(3, 15)), 0, (0, 1), "all"),))
+    outs = []
+    for how in ("unbuilt", "env"):
+        with monkeypatch.context() as m:
+            if how == "unbuilt":
+                m.setattr(attn_native, "_attn", None)
+            else:
+                m.setenv("KVSERVE_NATIVE_ATTN", "0")
+            runner = ModelRunner(loaded, n_pages=4, page_size=8, kv_dtype=torch.float16)
+            assert not runner.backend.native
+            outs.append(runner.run(plan).logits[0])
+    assert torch.equal(outs[0], outs[1])

@@ -34,7 +34,9 @@ def available() -> bool:
 
 
 def supports(kv_dtype: torch.dtype, device: torch.device) -> bool:
-    return available() and device.type == "cpu" and kv_dtype in KV_DTYPES
+    """Whether the CPU backend runs the kernel: built, on, a float16/float32 cache, and a CPU with
+    AVX-512 (elsewhere only the scalar functions run, slower than torch's SDPA)."""
+    return available() and device.type == "cpu" and kv_dtype in KV_DTYPES and int(_attn.best_isa()) >= 1  # type: ignore[union-attr]
 
 
 ISAS = {"scalar": 0, "avx512": 1, "avx512fp16": 2}  # capped by the CPU in the call

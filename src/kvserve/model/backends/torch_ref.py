@@ -3,11 +3,11 @@
 The readable reference for every other backend and the CPU path. RoPE angles come from tables
 precomputed per position (``RopeTables``), identical to computing them per step.
 
-On the CPU, where the native attention kernel is built (``attn_native``: llama.cpp's CPU
-flash-attention arithmetic, one call per layer reading the pages through the page tables), it
-computes every step's attention: a row's output depends on nothing but its own query and keys,
-so cached and uncached evaluations, batch widths and chunkings agree bit for bit at any length.
-``KVSERVE_NATIVE=0`` (or ``KVSERVE_NATIVE_ATTN=0``) keeps SDPA, as does a build without it:
+On the CPU, where the native attention kernel is built and the CPU has AVX-512 (``attn_native``:
+llama.cpp's CPU flash-attention arithmetic, one call per layer reading the pages through the page
+tables), it computes every step's attention: a row's output depends on nothing but its own query
+and keys, so cached and uncached evaluations, batch widths and chunkings agree bit for bit at any
+length. ``KVSERVE_NATIVE=0`` (or ``KVSERVE_NATIVE_ATTN=0``) keeps SDPA, as does a build without it:
 
 There, float32 attention of a step of up to ``WIDE_MAX_ROWS`` tokens and ``WIDE_MAX_KEYS`` keys
 runs in float64 and is rounded to float32 once: a query's output then has the same bits whichever
