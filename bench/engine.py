@@ -359,8 +359,13 @@ def profile_model(name: str, path: str, args: argparse.Namespace) -> None:
 def _memoize_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Replace every linear layer's forward (modules whose class name ends in ``Linear``: dense,
     int4 and native layouts alike) by one that returns its first output per input shape: the
-    step then runs everything but the matrix products. Returns the patched modules."""
+    step then runs everything but the matrix products. The native CPU forward
+    (``cpu_forward.CpuForward``, which calls the kernels without the modules) skips its matrix
+    products instead: their outputs stay those of the step before. Returns the patched modules."""
     patched = []
+    fast = getattr(model, "_cpu_forward", None)
+    if fast:
+        fast.matmul = lambda *args: None
     for m in model.modules():
         if type(m).__name__.endswith("Linear"):
             fwd, memo = m.forward, {}
@@ -413,6 +418,11 @@ def split_model(name: str, path: str, args: argparse.Namespace) -> None:
                     calls_rest, calls = (n, calls) if memo else (calls_rest, n)
                 for m in patched:
                     del m.forward  # the class's forward again
+                fast = getattr(loaded.model, "_cpu_forward", None)
+                if fast:
+                    from kvserve.model.quant import native
+
+                    fast.matmul = native._qmm.matmul  # the kernels' again
         f, r = statistics.median(full), statistics.median(rest)
         rows.append([name, bs, f, r, f - r, r / f, calls, calls_rest])
     head = ["model", "batch", "step ms", "without linear layers ms", "linear layers ms", "share outside",

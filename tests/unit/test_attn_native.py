@@ -196,8 +196,8 @@ def test_model_runs_the_kernel_close_to_the_torch_path(tmp_path, monkeypatch):
                          qtype=qtype)
         models[qtype] = load_gguf(write_random_gguf(str(tmp_path / f"{qtype}.gguf"), spec), device=torch.device("cpu"))
     calls = []
-    orig = attn_native.attend
-    monkeypatch.setattr(attn_native, "attend", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    orig = attn_native._attn.attend  # the kernel itself (cpu_forward calls it without the wrapper)
+    monkeypatch.setattr(attn_native._attn, "attend", lambda *a, **k: calls.append(1) or orig(*a, **k))
     toks = torch.randint(0, spec.n_vocab, (20,), generator=torch.Generator().manual_seed(1)).tolist()
     table = (3, 0, 5)
 

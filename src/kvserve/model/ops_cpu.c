@@ -15,6 +15,7 @@
  *             float operations for every element, so vectorized or not the bits are the same)
  *   GELU-tanh ggml's table: gelu(f16(g)) rounded to f16 (0 for g ≤ −10, g for g ≥ 10), · u
  *   KV write  float32 → float16 / bfloat16 rounded to nearest even (as torch's conversion)
+ *   bias      the fused projection's bias added first (x + b, as the linear layer adds it)
  * Every output row depends only on its own input row: the same bits whatever the number of
  * rows, the order, the thread count (rows are split between OpenMP threads, never a row).
  */
@@ -204,11 +205,14 @@ typedef struct {
     int kvtype, neox;
     const float *qw, *kw; /* QK-norm weights [D] or NULL */
     float eps;
+    const float *bias; /* the projection's bias [(H + 2 Hkv) D], added first, or NULL */
 } rope_args;
 
 static void rope_kv_row(const rope_args *a, int64_t t) {
     const int64_t hd = a->D, row_bytes = a->Hkv * hd * (a->kvtype == KV_F32 ? 4 : 2);
     float *x = a->qkv + t * a->ld;
+    if (a->bias)
+        for (int64_t i = 0; i < (a->H + 2 * a->Hkv) * hd; i++) x[i] = x[i] + a->bias[i];
     const float *c = a->cos + a->pos[t] * (a->rd / 2), *s = a->sin + a->pos[t] * (a->rd / 2);
     for (int64_t h = 0; h < a->H + a->Hkv; h++) {
         float *xh = x + h * hd;
@@ -274,9 +278,9 @@ static PyObject *py_act_mul(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    /* rope_kv(qkv, T, ld, H, Hkv, D, rd, cos, sin, pos, rows, k, v, kvtype, neox, qw, kw, eps, nthreads) */
-    int64_t a[19];
-    if (ints(args, nargs, 19, a, "rope_kv")) return NULL;
+    /* rope_kv(qkv, T, ld, H, Hkv, D, rd, cos, sin, pos, rows, k, v, kvtype, neox, qw, kw, eps, nthreads, bias) */
+    int64_t a[20];
+    if (ints(args, nargs, 20, a, "rope_kv")) return NULL;
     if (a[13] < KV_F32 || a[13] > KV_BF16 || a[6] > a[5] || a[6] % 2) {
         PyErr_SetString(PyExc_ValueError, "rope_kv: bad KV type or rope dims");
         return NULL;
@@ -284,7 +288,7 @@ static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t na
     rope_args r = {PTR(float, a[0]), a[1], a[2], a[3], a[4], a[5], a[6], PTR(const float, a[7]),
                    PTR(const float, a[8]), PTR(const int64_t, a[9]), PTR(const int64_t, a[10]), PTR(char, a[11]),
                    PTR(char, a[12]), (int)a[13], (int)a[14], PTR(const float, a[15]), PTR(const float, a[16]),
-                   flt(a[17])};
+                   flt(a[17]), PTR(const float, a[19])};
     Py_BEGIN_ALLOW_THREADS
     rope_kv(&r, (int)a[18]);
     Py_END_ALLOW_THREADS
@@ -324,7 +328,7 @@ static PyMethodDef methods[] = {
     {"act_mul", (PyCFunction)(void (*)(void))py_act_mul, METH_FASTCALL,
      "act_mul(g, ldg, u, ldu, n, y, ldy, M, act, nthreads): y = act(g) * u, rows of n"},
     {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL,
-     "rope_kv(qkv, T, ld, H, Hkv, D, rd, cos, sin, pos, rows, k, v, kvtype, neox, qw, kw, eps, nthreads)"},
+     "rope_kv(qkv, T, ld, H, Hkv, D, rd, cos, sin, pos, rows, k, v, kvtype, neox, qw, kw, eps, nthreads, bias)"},
     {"exp", (PyCFunction)(void (*)(void))py_exp, METH_FASTCALL, "exp(x, y, n): the kernels' exp (tests)"},
     {"set_isa", py_set_isa, METH_O, "set_isa(level): cap the instruction set (-1: the best); returns it"},
     {NULL, NULL, 0, NULL}};

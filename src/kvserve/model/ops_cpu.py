@@ -111,7 +111,8 @@ def rope_kv(qkv: torch.Tensor, n_head: int, n_head_kv: int, head_dim: int, cos: 
     _ops_cpu.rope_kv(qkv.data_ptr(), t, qkv.stride(0), n_head, n_head_kv, head_dim, 2 * cos.shape[-1],
                      cos.data_ptr(), sin.data_ptr(), positions.data_ptr(), rows.data_ptr(), k, v,
                      KV_TYPES[kv.dtype], int(neox), 0 if q_norm is None else q_norm.data_ptr(),
-                     0 if k_norm is None else k_norm.data_ptr(), eps, torch.get_num_threads() if t > 1 else 1)
+                     0 if k_norm is None else k_norm.data_ptr(), eps, torch.get_num_threads() if t > 1 else 1,
+                     0)
     return qkv.view(t, n_head + 2 * n_head_kv, head_dim)
 
 

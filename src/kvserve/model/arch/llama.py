@@ -17,6 +17,7 @@ from torch import nn
 from .. import ops_cpu
 from ..backends.base import AttentionStep
 from ..config import ModelConfig
+from ..cpu_forward import CpuForward
 from ..layers import GatedMLP, RMSNorm, norm_linear
 
 
@@ -106,6 +107,9 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
         if not cfg.tied_embeddings:
             self.lm_head = nn.Linear(cfg.n_embd, cfg.n_vocab, bias=False)
+        # the native CPU forward (cpu_forward.CpuForward), decided on the first CPU step: None
+        # until then, False where it does not apply
+        self._cpu_forward: CpuForward | None | bool = None
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)
@@ -117,6 +121,12 @@ class LlamaModel(nn.Module):
         """Final-normed hidden states [T, n_embd] of the step's tokens (positions and KV pages
         are the step's)."""
         x = self.embed_tokens(input_ids)
+        fast = self._cpu_forward
+        if fast is not False and x.is_cpu:
+            if fast is None:
+                fast = self._cpu_forward = CpuForward.build(self) or False
+            if fast and ops_cpu.ENABLED and CpuForward.runs(step, x):
+                return fast.forward(x, step)
         residual = None
         for block in self.layers:
             x, residual = block.forward(x, step, residual)

@@ -1,0 +1,63 @@
+"""``cpu_forward.CpuForward`` (the native CPU forward pass as bare native calls) gives the bits of
+the modules it stands for: every architecture's block, prefill, decode and batched decode steps,
+float16 and float32 KV, Q/K/V biases, QK-norm, sliding windows, mixed weight formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvserve.model import attn_native, ops_cpu
+from kvserve.model.cpu_forward import CpuForward
+from kvserve.model.loader import load_gguf
+from kvserve.model.quant import native
+from kvserve.model.runner import ModelRunner
+from kvserve.model.synth import SynthSpec, write_random_gguf
+from kvserve.plan import Plan, SeqChunk
+
+pytestmark = pytest.mark.skipif(not (ops_cpu.ENABLED and attn_native.available() and native.available()),
+                                reason="native kernels not built")
+
+
+def _steps(runner: ModelRunner, toks: list[int]) -> list[torch.Tensor]:
+    """A 20-token prefill, a prefill chunk of 30 after it, then decode steps of one sequence and
+    of two (a second sequence with its own pages)."""
+    out = [runner.run(Plan((SeqChunk(0, tuple(toks[:20]), 0, (0, 1, 2, 3), "all"),))).logits[0]]
+    out.append(runner.run(Plan((SeqChunk(0, tuple(toks[20:50]), 20, (0, 1, 2, 3), "all"),))).logits[0])
+    runner.run(Plan((SeqChunk(1, tuple(toks[:7]), 0, (5, 6), "none"),)))
+    for p in range(50, 56):
+        out.append(runner.run(Plan((SeqChunk(0, (toks[p],), p, (0, 1, 2, 3), "last"),))).logits[0])
+        two = runner.run(Plan((SeqChunk(0, (toks[p],), p, (0, 1, 2, 3), "none"),
+                               SeqChunk(1, (toks[p],), 7 + p - 50, (5, 6), "last"))))
+        out.append(two.logits[1])
+    return out
+
+
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q4_0"), ("qwen2", "Q8_0"), ("qwen3", "Q4_K"),
+                                        ("gemma3", "Q8_0"), ("qwen2", "Q4_K_M")])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float32])
+def test_cpu_forward_is_the_modules_bit_for_bit(arch, qtype, kv_dtype, tmp_path, monkeypatch):
+    spec = SynthSpec(arch=arch, n_layer=3, head_dim=64, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                     sliding_window=16 if arch == "gemma3" else 0, n_vocab=300, qtype=qtype)
+    path = write_random_gguf(str(tmp_path / f"{arch}.gguf"), spec)
+    toks = torch.randint(0, spec.n_vocab, (60,), generator=torch.Generator().manual_seed(2)).tolist()
+    loaded = load_gguf(path, device=torch.device("cpu"))
+    assert isinstance(CpuForward.build(loaded.model), CpuForward)
+    calls = []
+    orig = CpuForward.forward
+    monkeypatch.setattr(CpuForward, "forward",
+                        lambda self, x, step: calls.append(x.shape[0]) or orig(self, x, step))
+    fast = _steps(ModelRunner(loaded, n_pages=8, page_size=16, kv_dtype=kv_dtype), toks)
+    assert calls == [20, 30, 7] + [1, 2] * 6  # every step ran the native forward
+    loaded.model._cpu_forward = False  # the modules
+    ref = _steps(ModelRunner(loaded, n_pages=8, page_size=16, kv_dtype=kv_dtype), toks)
+    assert len(calls) == 15
+    for i, (a, b) in enumerate(zip(fast, ref)):
+        assert torch.equal(a, b), (i, (a - b).abs().max().item())
+
+
+def test_cpu_forward_only_where_it_applies(tmp_path, monkeypatch):
+    path = write_random_gguf(str(tmp_path / "m.gguf"), SynthSpec(arch="llama", n_layer=1, n_vocab=300))
+    assert CpuForward.build(load_gguf(path, weights="dense").model) is None  # dense weights: the modules
+    monkeypatch.setattr(ops_cpu, "ENABLED", False)
+    assert CpuForward.build(load_gguf(path).model) is None
