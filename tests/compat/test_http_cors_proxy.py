@@ -133,3 +133,16 @@ def test_props_and_flags() -> None:
     c = _proxy_client("--ui-mcp-proxy")
     assert c.get("/props").json()["cors_proxy_enabled"] is True
     assert _proxy_client().get("/props").json()["cors_proxy_enabled"] is False
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_proxy_client_is_imported_at_start_only_when_enabled(enabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server without the proxy does not import its HTTP client (tests/unit/test_lazy_imports.py);
+    one with it imports it when the app is built, not on the first proxied request."""
+    from kvserve.server import cors_proxy
+
+    calls: list[int] = []
+    real = cors_proxy.client_module
+    monkeypatch.setattr(cors_proxy, "client_module", lambda: calls.append(1) or real())
+    client(mcp_proxy=enabled)
+    assert calls == ([1] if enabled else [])

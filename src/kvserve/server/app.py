@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 import kvserve
 from kvserve.mcp import McpManager
-from kvserve.server import agent_tools, routes_generate, routes_misc, sleep, vertex, webui
+from kvserve.server import agent_tools, cors_proxy, routes_generate, routes_misc, sleep, vertex, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
 from kvserve.server.jsonio import JSONResponse, error_response
@@ -57,6 +57,8 @@ def create_app(engine: EngineAPI, cfg: Any, mcp: McpManager | None = None) -> Fa
     app.state.mcp = mcp if mcp is not None else McpManager(s.mcp_servers)  # shut down by http_server
     # None: /tools answers 403; close() at shutdown
     app.state.agent_tools = agent_tools.setup(s, app.state.mcp)
+    if s.mcp_proxy:  # the proxy's HTTP client, imported now rather than by its first request
+        cors_proxy.client_module()
 
     # generation first: a request is routed by trying the routes in order, and no path of one
     # router matches the other's (tests/compat/test_http_endpoints.py)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
@@ -66,9 +67,16 @@ def forwarded_headers(request: Request) -> dict[str, str]:
     return out
 
 
-async def proxy(request: Request) -> Response:
-    import httpx  # here: a server that never proxies does not hold the client library (~4.5 MiB)
+def client_module() -> Any:
+    """httpx, imported on first use: a server without the proxy does not hold it (~4.5 MiB);
+    one with it imports it at start (``create_app``)."""
+    import httpx
 
+    return httpx
+
+
+async def proxy(request: Request) -> Response:
+    httpx = client_module()
     url = target_url(request.query_params.get("url"))
     parsed = urlsplit(url)
     log.info("proxying %s request to %s://%s%s", request.method, parsed.scheme, parsed.netloc, parsed.path)
