@@ -14,9 +14,9 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-# setup.py builds the native CPU kernels (src/kvserve/model/quant/qmm*.c, qmm*.h; src/kvserve/model/attn_cpu.c)
-# into the editable install
-NATIVE_SRC := $(wildcard src/kvserve/model/quant/qmm*.c src/kvserve/model/quant/qmm*.h src/kvserve/model/attn_cpu.c)
+# setup.py builds the native CPU kernels (src/kvserve/model/quant/qmm*, src/kvserve/model/attn_*,
+# src/kvserve/model/ops_cpu.c) into the editable install
+NATIVE_SRC := $(wildcard src/kvserve/model/quant/qmm*.[ch] src/kvserve/model/attn_*.[ch] src/kvserve/model/ops_cpu.c)
 $(STAMP): $(PY) pyproject.toml setup.py $(NATIVE_SRC)
 	$(PY) -m pip install -q --upgrade pip
 	# Keep an existing torch (e.g. a CUDA build); otherwise take the pinned CPU wheel.

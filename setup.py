@@ -28,7 +28,8 @@ setup(
         ),
         Extension(
             "kvserve.model._attn",
-            ["src/kvserve/model/attn_cpu.c"],
+            [f"src/kvserve/model/{f}" for f in ("attn_cpu.c", "attn_scalar.c", "attn_avx512.c")],
+            depends=["src/kvserve/model/attn_cpu.h"],
             extra_compile_args=FLAGS,
             extra_link_args=["-fopenmp", "-lm"],
             optional=True,
