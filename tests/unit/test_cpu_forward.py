@@ -61,3 +61,22 @@ def test_cpu_forward_only_where_it_applies(tmp_path, monkeypatch):
     assert CpuForward.build(load_gguf(path, weights="dense").model) is None  # dense weights: the modules
     monkeypatch.setattr(ops_cpu, "ENABLED", False)
     assert CpuForward.build(load_gguf(path).model) is None
+
+
+def test_a_second_forward_meanwhile_uses_its_own_buffers(tmp_path):
+    """While one forward holds the kept buffers (another thread's step), a forward allocates its
+    own and gives the same logits."""
+    spec = SynthSpec(arch="llama", n_layer=2, head_dim=32, n_embd=128, n_head=4, n_head_kv=2, n_vocab=300,
+                     qtype="Q8_0")
+    loaded = load_gguf(write_random_gguf(str(tmp_path / "m.gguf"), spec), device=torch.device("cpu"))
+    toks = tuple(range(10, 30))
+    want = _steps(ModelRunner(loaded, n_pages=8, page_size=16), list(toks) * 3)
+    fast = loaded.model._cpu_forward
+    kept = fast._bufs
+    assert fast._held.acquire(blocking=False)
+    try:
+        got = _steps(ModelRunner(loaded, n_pages=8, page_size=16), list(toks) * 3)
+    finally:
+        fast._held.release()
+    assert fast._bufs is kept
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -18,6 +18,8 @@ weight layouts, ``KVSERVE_NATIVE=0``, a missing extension) runs the modules.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
@@ -25,7 +27,7 @@ from . import attn_native, ops_cpu
 from .quant import native
 from .quant.native import FORMATS, NativeLinear
 
-_CACHED_ROWS = 16  # steps of up to this many rows reuse their buffers (prefills allocate theirs)
+_CACHED_ROWS = 16  # a step of up to this many rows keeps its buffers for the next (prefills: their own)
 
 
 def _segments(lin: nn.Module) -> tuple[tuple[int, int, int, int], ...]:
@@ -78,7 +80,8 @@ class CpuForward:
         self.neox = int(cfg.rope_style == "neox")
         # the tensors whose pointers the layers hold, kept alive with them
         self._params = [p for p in model.parameters()] + [b for b in model.buffers()]
-        self._bufs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._bufs: tuple[int, tuple[torch.Tensor, ...]] = (0, ())  # the last step's rows and buffers
+        self._held = threading.Lock()  # held while a forward uses the kept buffers
         self.matmul = native._qmm.matmul  # (bench/engine.py --split replaces it to time the rest)
 
     @staticmethod
@@ -114,22 +117,31 @@ class CpuForward:
         return (getattr(step, "_native", None) is not None and x.dtype is torch.float32 and x.dim() == 2
                 and x.is_contiguous() and step._be.kv.kv.is_contiguous())
 
-    def _buffers(self, t: int) -> tuple[torch.Tensor, ...]:
-        """h, qkv, attention output, o, post-norm, gate/up, act · up, down: the step's activations."""
-        bufs = self._bufs.get(t)
-        if bufs is None:
-            n = self.n
-            shapes = ((t, n), (t, self.n_qkv), (t, self.h * self.d), (t, n), (t, n), (t, 2 * self.n_ff),
-                      (t, self.n_ff), (t, n))
-            bufs = tuple(torch.empty(s) for s in shapes)
-            if t <= _CACHED_ROWS:
-                self._bufs[t] = bufs
+    def _buffers(self, t: int, keep: bool) -> tuple[torch.Tensor, ...]:
+        """h, qkv, attention output, o, post-norm, gate/up, act · up, down: the step's activations
+        (``keep``: the kept ones where they have t rows, else new ones, kept if t is small)."""
+        if keep and self._bufs[0] == t:
+            return self._bufs[1]
+        n = self.n
+        shapes = ((t, n), (t, self.n_qkv), (t, self.h * self.d), (t, n), (t, n), (t, 2 * self.n_ff),
+                  (t, self.n_ff), (t, n))
+        bufs = tuple(torch.empty(s) for s in shapes)
+        if keep and t <= _CACHED_ROWS:
+            self._bufs = (t, bufs)
         return bufs
 
     def forward(self, x: torch.Tensor, step) -> torch.Tensor:  # noqa: ANN001 (a torch_ref.TorchStep)
+        # one forward at a time uses the kept buffers (another thread's, meanwhile, its own)
+        keep = self._held.acquire(blocking=False)
+        try:
+            return self._forward(x, step, self._buffers(x.shape[0], keep))
+        finally:
+            if keep:
+                self._held.release()
+
+    def _forward(self, x: torch.Tensor, step, bufs: tuple[torch.Tensor, ...]) -> torch.Tensor:  # noqa: ANN001
         be, keys = step._be, step._native
         t, n = x.shape
-        bufs = self._buffers(t)
         h, qkv, att, o, p, gu, a, d = (b.data_ptr() for b in bufs)
         threads = torch.get_num_threads()
         rows_threads = threads if t > 1 else 1
