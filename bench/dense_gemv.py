@@ -81,8 +81,9 @@ def main() -> int:
             best = times[chosen]
             per_token[r][0] += n * times["cublas"]
             per_token[r][1] += n * best
-            rows.append([label, n, nbytes / 2**20, role, r, *[times.get(x, float("nan")) for x in labels], chosen,
-                         nbytes / (best * 1e-6) / bw, nbytes / (times["cublas"] * 1e-6) / bw])
+            cands = [times.get(x, float("nan")) for x in labels]
+            rows.append([label, n, nbytes / 2**20, role, r, *cands, chosen, nbytes / (best * 1e-6) / bw,
+                         nbytes / (times["cublas"] * 1e-6) / bw])
         print(f"## {shape}: µs per call (cuBLAS with its producer kernel)\n")
         print_table(head, rows, digits=2)
         for r, (cub, ch) in per_token.items():

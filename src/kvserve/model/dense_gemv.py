@@ -135,7 +135,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: Config, bias: torch.Tensor | Non
     sv = s if s is not None else x
     kernel = G.gemv_kernel_const if G.INTERPRET else G.gemv_kernel
     kernel[grid](x, r, nw, sv, w, bias if bias is not None else out, out, part, sq, cnt, m, n, k,
-                 x.stride(0), r.stride(0), sv.stride(0), w.stride(0), out.stride(0), n_ff, float(eps), steps, splits,
+                 x.stride(0), r.stride(0), sv.stride(0), w.stride(0), out.stride(0), n_ff, float(eps),
+                 steps, splits,
                  PRO=pro, GELU=act == "gelu_tanh", HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, BK=cfg.bk,
                  SPLIT=splits > 1, SB=min(8, 1 << (splits - 1).bit_length()), STAGES=cfg.stages,
                  num_warps=cfg.warps)
@@ -236,7 +237,8 @@ class _Probe:
 
     def baseline(self, mod: nn.Linear, role: str) -> Callable[[], object]:
         if role == "norm":
-            return lambda: F.linear(norm_kernel.add_rms_norm(self.x, self.r, self.nw, 1e-6)[0], mod.weight, mod.bias)
+            return lambda: F.linear(norm_kernel.add_rms_norm(self.x, self.r, self.nw, 1e-6)[0], mod.weight,
+                                    mod.bias)
         if role == "act":
             return lambda: F.linear(norm_kernel.act_mul(self.x, self.k, "silu"), mod.weight, mod.bias)
         return lambda: F.linear(self.x, mod.weight, mod.bias)
@@ -251,7 +253,8 @@ class _Probe:
 
 # (N, K, dtype, bias, role, device name, rows) → (choice, µs per candidate) of this process
 _CHOSEN: dict[tuple, tuple[Config | None, dict[str, float]]] = {}
-TIMINGS: list[tuple[str, int, str, int, dict[str, float], str]] = []  # (shape, layers, role, rows, µs, chosen)
+# (shape, layers, role, rows, µs per candidate, chosen) of the last ``prepare``
+TIMINGS: list[tuple[str, int, str, int, dict[str, float], str]] = []
 
 
 def _label(c: Config | None) -> str:
@@ -260,7 +263,8 @@ def _label(c: Config | None) -> str:
 
 def _choose(mods: list[nn.Linear], role: str, rows: int, cands: list[Config]) -> tuple[Config | None, dict]:
     w = mods[0].weight
-    key = (tuple(w.shape), w.dtype, mods[0].bias is not None, role, torch.cuda.get_device_name(w.device), rows)
+    key = (tuple(w.shape), w.dtype, mods[0].bias is not None, role, torch.cuda.get_device_name(w.device),
+           rows)
     if key in _CHOSEN:
         return _CHOSEN[key]
     probe = _Probe(w.shape[1], rows, w.dtype, w.device, role)

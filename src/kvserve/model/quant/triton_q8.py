@@ -138,7 +138,8 @@ def _empty_quant(m: int, k: int, device: torch.device) -> QuantX:
                   torch.empty((m, k // 16), dtype=torch.float32, device=device))
 
 
-def norm_quantize_x(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[QuantX, torch.Tensor]:
+def norm_quantize_x(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float
+                    ) -> tuple[QuantX, torch.Tensor]:
     """(``quantize_x(rms_norm(x + r) · w)``, x + r) in one launch; x, r [M, K] contiguous, one
     dtype, K a multiple of 32: the RMSNorm before Q/K/V and gate/up hands the GEMV its codes."""
     m, k = x.shape
