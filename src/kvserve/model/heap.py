@@ -1,7 +1,8 @@
-"""glibc's heap, where torch's CPU tensors and the tokenizer live: its mmap threshold while
-loading, and handing freed memory back to the OS (glibc keeps freed chunks resident in its
-arenas otherwise: a CPU prefill's temporaries leave ~100-200 MiB there, docs/benchmarks.md §6).
-Without glibc (another libc) every call does nothing."""
+"""The process's resident memory outside the tensors' own bytes: glibc's heap, where torch's CPU
+tensors and the tokenizer live (its mmap threshold while loading; handing freed memory back to
+the OS, which glibc otherwise keeps resident in its arenas: a CPU prefill's temporaries leave
+40-130 MiB there), and the shared libraries' pages that only initialisation read
+(docs/benchmarks.md §6). Without glibc (another libc) or /proc every call does nothing."""
 
 from __future__ import annotations
 
