@@ -163,7 +163,7 @@ class CpuForward:
         r = x.data_ptr()
         xin = 0  # the previous block's output (0: the first block normalizes the residual alone)
         for i, L in enumerate(self.layers):
-            norm(xin or r, n, r if xin else 0, n, L.norm1, h, n, t, n, L.eps, rows_threads)
+            norm(xin or r, n, r if xin else 0, n, r, n, L.norm1, h, n, t, n, L.eps, rows_threads)
             for f, w, cols, off in L.qkv:
                 mm(f, h, t, n, w, cols, qkv + off, nq, threads, isa)
             k = kv0 + i * s[0] * el
@@ -176,20 +176,20 @@ class CpuForward:
             for f, w, cols, off in L.o:
                 mm(f, att, t, hh * hd, w, cols, o + off, n, threads, isa)
             if gemma:
-                norm(o, n, 0, 0, L.post1, p, n, t, n, L.eps, rows_threads)
-                norm(p, n, r, n, L.norm2, h, n, t, n, L.eps, rows_threads)
+                norm(o, n, 0, 0, 0, 0, L.post1, p, n, t, n, L.eps, rows_threads)
+                norm(p, n, r, n, r, n, L.norm2, h, n, t, n, L.eps, rows_threads)
             else:
-                norm(o, n, r, n, L.norm2, h, n, t, n, L.eps, rows_threads)
+                norm(o, n, r, n, r, n, L.norm2, h, n, t, n, L.eps, rows_threads)
             for f, w, cols, off in L.gate_up:
                 mm(f, h, t, n, w, cols, gu + off, 2 * nff, threads, isa)
             act(gu, 2 * nff, gu + 4 * nff, 2 * nff, nff, a, nff, t, L.kind, rows_threads)
             for f, w, cols, off in L.down:
                 mm(f, a, t, nff, w, cols, d + off, n, threads, isa)
             if gemma:
-                norm(d, n, 0, 0, L.post2, p, n, t, n, L.eps, rows_threads)
+                norm(d, n, 0, 0, 0, 0, L.post2, p, n, t, n, L.eps, rows_threads)
                 xin = p
             else:
                 xin = d
         out = torch.empty(t, n)
-        norm(xin, n, r, n, self.final, out.data_ptr(), n, t, n, self.final_eps, rows_threads)
+        norm(xin, n, r, n, r, n, self.final, out.data_ptr(), n, t, n, self.final_eps, rows_threads)
         return out

@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
         self._consts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, device) → (n, eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):  # type: ignore[override]
-        if ops_cpu.enabled(x):  # residual (if any) updated in place: it is the block's own sum
+        if ops_cpu.enabled(x):
             return ops_cpu.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)

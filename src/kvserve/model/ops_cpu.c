@@ -3,7 +3,7 @@
  * where the architecture has it), and the gated MLP's act(gate) · up.
  *
  * Arithmetic (llama.cpp's CPU backend's where it is cheap):
- *   RMSNorm   h = x + r (float32, stored back into r); Σ h² with each square rounded to float32
+ *   RMSNorm   h = x + r (float32, stored: into r itself where the caller's stream allows); Σ h² with each square rounded to float32
  *             and summed in float64 (eight interleaved accumulators combined pairwise, then the
  *             tail: a fixed order); mean = (float)(Σ / n); scale = 1 / sqrtf(mean + eps);
  *             y = (h · scale) · w — ggml's rms_norm fused with its weight multiply
@@ -49,10 +49,12 @@ static inline void norm_row(const float *h, const float *w, float *y, int64_t n,
     for (int64_t i = 0; i < n; i++) y[i] = (h[i] * scale) * w[i];
 }
 
-static inline void add_norm_row(const float *x, float *r, const float *w, float *y, int64_t n, float eps) {
+/* with r: s = x + r (s may be r itself), y = norm(s) · w; else y = norm(x) · w */
+static inline void add_norm_row(const float *x, const float *r, float *s, const float *w, float *y, int64_t n,
+                                float eps) {
     if (r) {
-        for (int64_t i = 0; i < n; i++) r[i] = x[i] + r[i];
-        x = r;
+        for (int64_t i = 0; i < n; i++) s[i] = x[i] + r[i];
+        x = s;
     }
     norm_row(x, w, y, n, eps);
 }
@@ -66,9 +68,10 @@ static inline void add_norm_row(const float *x, float *r, const float *w, float 
         for (int64_t m = 0; m < (M); m++) body;                                 \
     }
 
-static void rms_norm(const float *x, int64_t ldx, float *r, int64_t ldr, const float *w, float *y, int64_t ldy,
-                     int64_t M, int64_t N, float eps, int nthreads) {
-    FOR_ROWS(M, nthreads, 16, add_norm_row(x + m * ldx, r ? r + m * ldr : NULL, w, y + m * ldy, N, eps))
+static void rms_norm(const float *x, int64_t ldx, const float *r, int64_t ldr, float *s, int64_t lds,
+                     const float *w, float *y, int64_t ldy, int64_t M, int64_t N, float eps, int nthreads) {
+    FOR_ROWS(M, nthreads, 16,
+             add_norm_row(x + m * ldx, r ? r + m * ldr : NULL, s + m * lds, w, y + m * ldy, N, eps))
 }
 
 /* ---- exp and the activations ---- */
@@ -255,12 +258,12 @@ static inline float flt(int64_t bits) {
 #define PTR(T, v) ((T *)(uintptr_t)(v))
 
 static PyObject *py_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    /* rms_norm(x, ldx, r, ldr, w, y, ldy, M, N, eps, nthreads); r = 0: no residual */
-    int64_t a[11];
-    if (ints(args, nargs, 11, a, "rms_norm")) return NULL;
+    /* rms_norm(x, ldx, r, ldr, s, lds, w, y, ldy, M, N, eps, nthreads); r = 0: no residual */
+    int64_t a[13];
+    if (ints(args, nargs, 13, a, "rms_norm")) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    rms_norm(PTR(const float, a[0]), a[1], PTR(float, a[2]), a[3], PTR(const float, a[4]), PTR(float, a[5]), a[6],
-             a[7], a[8], flt(a[9]), (int)a[10]);
+    rms_norm(PTR(const float, a[0]), a[1], PTR(const float, a[2]), a[3], PTR(float, a[4]), a[5],
+             PTR(const float, a[6]), PTR(float, a[7]), a[8], a[9], a[10], flt(a[11]), (int)a[12]);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -324,7 +327,7 @@ static PyObject *py_set_isa(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"rms_norm", (PyCFunction)(void (*)(void))py_rms_norm, METH_FASTCALL,
-     "rms_norm(x, ldx, r, ldr, w, y, ldy, M, N, eps, nthreads): r += x (r != 0); y = norm(r or x) * w"},
+     "rms_norm(x, ldx, r, ldr, s, lds, w, y, ldy, M, N, eps, nthreads): s = x + r (r != 0); y = norm(s or x) * w"},
     {"act_mul", (PyCFunction)(void (*)(void))py_act_mul, METH_FASTCALL,
      "act_mul(g, ldg, u, ldu, n, y, ldy, M, act, nthreads): y = act(g) * u, rows of n"},
     {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL,

@@ -59,24 +59,24 @@ def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-             out: torch.Tensor | None = None):
-    """``norm(x) * w``; with ``residual`` (contiguous, x's shape): residual += x in place, then
-    ``(norm(residual) * w, residual)``. x [..., n] float32; the result has x's shape."""
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """``norm(x) * w``; with ``residual`` (x's shape): ``(norm(x + residual) * w, x + residual)``.
+    x [..., n] float32; the results have x's shape."""
     n = x.shape[-1]
     x2 = _rows(x, n)
     m = x2.shape[0]
     assert w.dtype is _F32
-    y = torch.empty(x.shape) if out is None else out
+    y = torch.empty(x.shape)
     threads = torch.get_num_threads() if m > 1 else 1
     if residual is None:
-        _ops_cpu.rms_norm(x2.data_ptr(), x2.stride(0), 0, 0, w.data_ptr(), y.data_ptr(), n, m, n, eps,
+        _ops_cpu.rms_norm(x2.data_ptr(), x2.stride(0), 0, 0, 0, 0, w.data_ptr(), y.data_ptr(), n, m, n, eps,
                           threads)
         return y
-    assert residual.is_contiguous() and residual.shape == x.shape
-    _ops_cpu.rms_norm(x2.data_ptr(), x2.stride(0), residual.data_ptr(), n, w.data_ptr(), y.data_ptr(), n, m,
-                      n, eps, threads)
-    return y, residual
+    r = _rows(residual, n)
+    s = torch.empty(x.shape)
+    _ops_cpu.rms_norm(x2.data_ptr(), x2.stride(0), r.data_ptr(), r.stride(0), s.data_ptr(), n, w.data_ptr(),
+                      y.data_ptr(), n, m, n, eps, threads)
+    return y, s
 
 
 def act_mul(gu: torch.Tensor, n_ff: int, act: str, up: torch.Tensor | None = None) -> torch.Tensor:
