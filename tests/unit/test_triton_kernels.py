@@ -265,3 +265,46 @@ def test_cascade_decode_matches_reference(seed, groups, singles, hkv, g, d, wind
     plain = torch.full_like(q, float("nan"))
     tk.decode_attention(q, plain, rows, kc, vc, table, rows, _i32(lengths), ws, PS, d**-0.5, window)
     assert _rel(out, plain) < TOL
+
+
+@pytest.mark.parametrize(
+    "seed,lengths,hkv,g,d,window,neox,rope_dim",
+    [
+        (0, [1, 16, 17], 2, 2, 32, 0, False, 32),  # the new key first in a page, last in one
+        (1, [70, 33], 1, 8, 64, 0, True, 64),
+        (2, [100, 48], 4, 1, 32, 20, False, 16),  # window, partial rotation
+        (3, [130, 64], 2, 4, 64, 16, True, 32),
+        (4, [40], 1, 4, 256, 24, True, 256),  # Gemma 3's head_dim and a window
+    ],
+)
+@pytest.mark.parametrize("num_splits,block_n", [(1, 64), (3, 64), (5, 16)])
+def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, rope_dim, num_splits, block_n):
+    """RoPE + KV write + split attention + merge in one launch = rope_write then the reference
+    attention; the cache gets the same rows; the split count is back at zero (a second launch,
+    as a graph replay does, gives the same bits)."""
+    gen, tables, kc, vc, table = _setup(seed, lengths, hkv, g, d)
+    h = hkv * g
+    b = len(lengths)
+    q = torch.randn(b, h, d, generator=gen).to(DEV, DTYPE)
+    k = torch.randn(b, hkv, d, generator=gen).to(DEV, DTYPE)
+    v = torch.randn(b, hkv, d, generator=gen).to(DEV, DTYPE)
+    rope = RopeTables({(10000.0, 1.0)}, rope_dim, DEV, 256)
+    cos, sin = rope.cos[(10000.0, 1.0)], rope.sin[(10000.0, 1.0)]
+    pos = _i32([n - 1 for n in lengths])
+    rows = _i32(list(range(b)))
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    q_rot = tk.rope_write(q, k, v, kc_ref, vc_ref, cos, sin, pos, rows, table, PS, rope_dim, neox)
+    meta = attn.build_meta([(n - 1, 1, t) for n, t in zip(lengths, tables)], PS, DEV)
+    ref = attn.paged_attention(q_rot, kc_ref, vc_ref, meta, window, d**-0.5)
+    ws = tk.DecodeWorkspace(b, h, d, num_splits, DEV, n_head_kv=hkv)
+    outs = []
+    for _ in range(2):
+        out = torch.full_like(q, float("nan"))
+        tk.decode_fused(q, k, v, out, rows, kc, vc, cos, sin, table, rows, _i32(lengths), ws, PS, d**-0.5, window,
+                        rope_dim, neox, block_n=block_n)
+        outs.append(out)
+        assert int(ws.count.abs().sum()) == 0
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)
+    assert not outs[0].isnan().any()
+    assert _rel(outs[0], ref) < TOL
+    assert torch.equal(outs[0], outs[1])

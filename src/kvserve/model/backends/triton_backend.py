@@ -3,8 +3,10 @@
 Per step, ``prepare`` packs every int32 input into one pinned buffer and sends it with one
 non-blocking copy; nothing in a step waits for the device or has a shape that depends on device
 data. Single-token chunks take the split-K decode kernel; longer chunks take the extend kernel
-(a chunk over its cached prefix and itself). Each layer runs three kernels: RoPE fused with the
-KV write, then decode and/or extend attention.
+(a chunk over its cached prefix and itself). Each layer runs RoPE fused with the KV write, then
+decode (split and merge) and/or extend attention; a step of decoding sequences only, without
+cascade, runs all of that in one launch (``tk.decode_fused``; ``KVSERVE_DECODE_FUSED=0`` keeps
+the separate kernels).
 
 Decoding sequences whose page tables start with the same pages (``attention.cascade_groups``,
 the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``) when it pays:
@@ -70,11 +72,16 @@ class TritonStep(AttentionStep):
         kc, vc = be.kv.k[layer], be.kv.v[layer]
         table = be.pt.table
         ps = be.kv.page_size
+        window, scale = cfg.layer_window(layer), cfg.attn_scale
+        d = self.decode
+        if d is not None and d.ws.count is not None:  # decoding only, no cascade: one launch
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            tk.decode_fused(q, k, v, out, d.q_rows, kc, vc, be.rope.cos[key], be.rope.sin[key], table, d.rows,
+                            d.lens, d.ws, ps, scale, window, cfg.rope_dim, cfg.rope_style == "neox")
+            return out
         q = tk.rope_write(q, k, v, kc, vc, be.rope.cos[key], be.rope.sin[key], self.positions, self.tok_rows,
                           table, ps, cfg.rope_dim, cfg.rope_style == "neox")
         out = torch.empty_like(q)
-        window, scale = cfg.layer_window(layer), cfg.attn_scale
-        d = self.decode
         if d is not None:
             tk.decode_attention(q, out, d.q_rows, kc, vc, table, d.rows, d.lens, d.ws, ps, scale, window,
                                 cascade=d.cascade)
@@ -109,6 +116,8 @@ class TritonBackend(AttentionBackend):
         # GraphRunner captures cascade variants only where a step can take them
         self.cascade_graphs = self.cascade_mode == "1" or (self.cascade_mode != "0" and self.cascade_auto_ok)
         self.n_cascade_steps = 0  # decode steps (eager or graph) that read a shared prefix once
+        # decode-only steps without cascade: RoPE, KV write, split attention and merge in one launch
+        self.fused_decode = os.environ.get("KVSERVE_DECODE_FUSED", "1").strip() != "0"
 
     def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
         """Cascade groups of the decoding (single-token) sequences, indices in decode order."""
@@ -191,8 +200,9 @@ class TritonBackend(AttentionBackend):
                 sh_splits = self.shared_splits(len(groups), width * (cfg.n_head // cfg.n_head_kv),
                                                max(sh for _, sh in groups))
                 self.n_cascade_steps += 1
+            fused = self.fused_decode and not e_rows and cascade is None
             ws = tk.DecodeWorkspace(len(d_q), cfg.n_head, cfg.head_dim, self.num_splits(len(d_q), max(own)),
-                                    self.device, shared_splits=sh_splits)
+                                    self.device, shared_splits=sh_splits, n_head_kv=cfg.n_head_kv if fused else 0)
             decode = _Decode(v[3], v[4], v[5], ws, cascade)
         if e_rows:
             extend = _Extend(v[6], v[7], v[8], v[9], max(e_len))
@@ -232,7 +242,8 @@ class TritonBackend(AttentionBackend):
             casc = tk.CascadeGroups(sec[8], sec[5], sec[6], sec[7], starts, bucket)
             sh = self.shared_splits(1, bucket * (cfg.n_head // cfg.n_head_kv), max_ctx)
         ws = self._graph_ws.setdefault(
-            (bucket, cascade), tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh))
+            (bucket, cascade), tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh,
+                                                  n_head_kv=cfg.n_head_kv if self.fused_decode and not cascade else 0))
         step = TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws, casc), None)
         return ids, step
 

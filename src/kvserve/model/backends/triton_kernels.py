@@ -11,6 +11,10 @@ sequence lives in row ``table[seq_row, p // PS] * PS + p % PS`` of the int32 pag
   K/V read once per group) over an equal share of the visible keys, keeping log-sum-exp
   partials; a second kernel merges the splits. The split length follows each sequence's length
   on the device, so the grid depends only on the batch (CUDA-graph friendly).
+- ``decode_fused``: the same for a step of decoding sequences only, in one launch: each split
+  program rotates its q and the new key in registers, the one whose split holds the new position
+  writes k/v to the cache, and the last split of each (sequence, KV head) to finish (an atomic
+  count) merges the splits in split order.
 - ``cascade`` (``decode_attention`` with a ``CascadeGroups``): decoding sequences whose page
   tables start with the same pages read that shared prefix once per group: program (group,
   query block, kv head, split) attends every query head of every member (rows = member x G) to
@@ -263,6 +267,150 @@ def _decode_merge_kernel(
     tl.store(out_ptr + qrow * (H * D) + h * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
+@triton.jit
+def _rope_pairs(d, RD: tl.constexpr, NEOX: tl.constexpr):
+    """Per dim: its cos/sin index, its rotation partner and the partner's sign (identity past RD)."""
+    RD2: tl.constexpr = RD // 2
+    if NEOX:
+        i = d % RD2
+        partner = tl.where(d < RD2, d + RD2, d - RD2)
+        sign = tl.where(d < RD2, -1.0, 1.0)
+    else:
+        i = d // 2
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    rot = d < RD
+    return tl.where(rot, i, 0), tl.where(rot, partner, d), tl.where(rot, sign, 0.0), rot
+
+
+@triton.jit
+def _decode_fused_kernel(
+    q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v, cos_ptr, sin_ptr,
+    q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
+    mid_o_ptr, mid_lse_ptr, count_ptr, out_ptr, qk_scale, window, num_splits, split_stride,
+    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+    RD: tl.constexpr, NEOX: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
+):
+    """Decode step of one layer in one launch. Program (b, kv head, split): RoPE of its G query
+    heads and of the new key in registers (rounded as ``rope_write`` rounds them); the program
+    whose split holds the new position writes its k/v to the cache and uses them for that key;
+    then the split's log-sum-exp partials, as ``_decode_split_kernel``; the last split of
+    (b, kv head) to finish (an atomic count, reset after) merges all splits in split order."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    sp = tl.program_id(2)
+    length = tl.load(seq_lens_ptr + b)
+    row = tl.load(seq_rows_ptr + b).to(tl.int64)
+    pos = length - 1
+    lo = tl.maximum(length - window, 0)
+    per = tl.cdiv(tl.cdiv(length - lo, num_splits), BLOCK_N) * BLOCK_N
+    s0 = lo + sp * per
+    s1 = tl.minimum(length, s0 + per)
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    RD2: tl.constexpr = RD // 2
+    ci, partner, sign, rot = _rope_pairs(d, RD, NEOX)
+    c1 = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + ci, mask=rot, other=1.0)
+    s1n = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + ci, mask=rot, other=0.0)
+    t = tl.load(q_rows_ptr + b).to(tl.int64)  # the token's row in q/k/v and out
+    mq = (g[:, None] < G) & (d[None, :] < D)
+    qa = q_ptr + t * stride_q + (hk * G + g[:, None]) * D
+    x = tl.load(qa + d[None, :], mask=mq, other=0.0).to(tl.float32)
+    xp = tl.load(qa + partner[None, :], mask=mq, other=0.0).to(tl.float32)
+    q = (x * c1[None, :] + sign[None, :] * xp * s1n[None, :]).to(q_ptr.dtype.element_ty)
+    dk = d < D
+    ka = k_ptr + t * stride_k + hk * D
+    x = tl.load(ka + d, mask=dk, other=0.0).to(tl.float32)
+    xp = tl.load(ka + partner, mask=dk, other=0.0).to(tl.float32)
+    k_new = (x * c1 + sign * xp * s1n).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+    v_new = tl.load(v_ptr + t * stride_v + hk * D + d, mask=dk, other=0.0).to(v_cache_ptr.dtype.element_ty)
+    if (pos >= s0) & (pos < s1):
+        page = tl.load(table_ptr + row * table_stride + pos // PS)
+        dst = (page.to(tl.int64) * PS + pos % PS) * (HKV * D) + hk * D + d
+        tl.store(k_cache_ptr + dst, k_new, mask=dk)
+        tl.store(v_cache_ptr + dst, v_new, mask=dk)
+    k_new = k_new.to(q.dtype)
+    v_new = v_new.to(q.dtype)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    n_off = tl.arange(0, BLOCK_N)
+    for start in range(s0, s1, BLOCK_N):
+        tok = start + n_off
+        valid = tok < s1
+        old = valid & (tok != pos)  # the new key is not in the cache yet (or not for certain)
+        kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, old, hk, d, PS, HKV, D)
+        k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        new = (tok == pos)[:, None]
+        k = tl.where(new, k_new[None, :], k)
+        v = tl.where(new, v_new[None, :], v)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+        m_i = m_new
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    hq = hk * G + g
+    base = (b.to(tl.int64) * H + hq) * split_stride
+    tl.store(mid_o_ptr + (base + sp)[:, None] * D + d[None, :], out, mask=mq)
+    tl.store(mid_lse_ptr + base + sp, lse, mask=g < G)
+    tl.debug_barrier()  # every thread's partials are stored before the count is published
+    cnt = count_ptr + b * HKV + hk
+    done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if done == num_splits - 1:
+        # as _decode_merge_kernel, one query head at a time (its splits' loads all in flight)
+        j = tl.arange(0, BLOCK_S)
+        ms = j < num_splits
+        for gi in tl.static_range(G):
+            hb = (b.to(tl.int64) * H + hk * G + gi) * split_stride
+            lj = tl.load(mid_lse_ptr + hb + j, mask=ms, other=float("-inf"), cache_modifier=".cg")
+            mx = tl.max(lj, 0)
+            w = tl.where(lj == float("-inf"), 0.0, tl.exp2(lj - mx))
+            oj = tl.load(mid_o_ptr + (hb + j[:, None]) * D + d[None, :], mask=ms[:, None] & (d[None, :] < D),
+                         other=0.0, cache_modifier=".cg")
+            res = tl.sum(oj * w[:, None], 0) / tl.sum(w, 0)
+            tl.store(out_ptr + t * (H * D) + (hk * G + gi) * D + d, res.to(out_ptr.dtype.element_ty), mask=dk)
+        tl.atomic_xchg(cnt, 0)
+
+
+def decode_fused(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, table: torch.Tensor,
+    seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace, page_size: int, scale: float,
+    window: int, rope_dim: int, neox: bool, block_n: int | None = None, num_warps: int = 4,
+    num_stages: int = 2,
+) -> None:
+    """``rope_write`` then ``decode_attention`` for a step of decoding sequences only (token
+    ``q_rows[b]`` at position ``seq_lens[b] - 1``), in one launch: q, k, v are the projections'
+    unrotated outputs [T, heads, D]; out[q_rows[b]] gets the attention. ``ws`` needs ``count``."""
+    b = seq_lens.shape[0]
+    if b == 0:
+        return
+    q, k, v = _token_stride(q), _token_stride(k), _token_stride(v)
+    _, h, d = q.shape
+    hkv = k_cache.shape[1]
+    if block_n is None:
+        block_n = 128 if d <= 64 and b * hkv >= 128 else 64
+    g = h // hkv
+    assert ws.count is not None and ws.count.shape[1] == hkv
+    _decode_fused_kernel[(b, hkv, ws.num_splits)](
+        q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin,
+        q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
+        ws.mid_o, ws.mid_lse, ws.count, out, scale * LOG2E, _window(window), ws.num_splits, ws.mid_lse.shape[2],
+        H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=rope_dim, NEOX=neox,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n,
+        BLOCK_S=triton.next_power_of_2(ws.num_splits), PREC=_precision(q), num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
 def _precision(q: torch.Tensor) -> str:
     """float32 models get full-precision dots (Triton's default for float32 is tf32)."""
     return "ieee" if q.dtype == torch.float32 else "tf32"
@@ -278,12 +426,15 @@ class DecodeWorkspace:
     and lse (the last ``shared_splits`` slots hold the cascade kernel's shared-prefix partials)."""
 
     def __init__(self, max_b: int, n_head: int, head_dim: int, num_splits: int, device: torch.device,
-                 shared_splits: int = 0) -> None:
+                 shared_splits: int = 0, n_head_kv: int = 0) -> None:
         self.num_splits = num_splits
         self.shared_splits = shared_splits
         n = num_splits + shared_splits
         self.mid_o = torch.empty((max_b, n_head, n, head_dim), dtype=torch.float32, device=device)
         self.mid_lse = torch.empty((max_b, n_head, n), dtype=torch.float32, device=device)
+        # with n_head_kv: splits finished per (sequence, kv head) for ``decode_fused`` (each launch
+        # leaves it at zero again)
+        self.count = (torch.zeros((max_b, n_head_kv), dtype=torch.int32, device=device) if n_head_kv else None)
 
 
 class CascadeGroups:
