@@ -278,10 +278,12 @@ def test_cascade_decode_matches_reference(seed, groups, singles, hkv, g, d, wind
     ],
 )
 @pytest.mark.parametrize("num_splits,block_n", [(1, 64), (3, 64), (5, 16)])
-def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, rope_dim, num_splits, block_n):
-    """RoPE + KV write + split attention + merge in one launch = rope_write then the reference
-    attention; the cache gets the same rows; the split count is back at zero (a second launch,
-    as a graph replay does, gives the same bits)."""
+@pytest.mark.parametrize("rope", [True, False])
+def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, rope_dim, num_splits, block_n,
+                                        rope):
+    """RoPE + KV write + split attention + merge in one launch (or, without rope, split + merge
+    after rope_write) = rope_write then the reference attention; the cache gets the same rows;
+    the split count is back at zero (a second launch, as a graph replay does, gives the same bits)."""
     gen, tables, kc, vc, table = _setup(seed, lengths, hkv, g, d)
     h = hkv * g
     b = len(lengths)
@@ -300,8 +302,14 @@ def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, 
     outs = []
     for _ in range(2):
         out = torch.full_like(q, float("nan"))
-        tk.decode_fused(q, k, v, out, rows, kc, vc, cos, sin, table, rows, _i32(lengths), ws, PS, d**-0.5, window,
-                        rope_dim, neox, block_n=block_n)
+        if rope:
+            tk.decode_fused(q, k, v, out, rows, kc, vc, cos, sin, table, rows, _i32(lengths), ws, PS, d**-0.5,
+                            window, rope_dim, neox, block_n=block_n)
+        else:
+            kc.copy_(kc_ref)
+            vc.copy_(vc_ref)
+            tk.decode_fused(q_rot, None, None, out, rows, kc, vc, None, None, table, rows, _i32(lengths), ws, PS,
+                            d**-0.5, window, block_n=block_n)
         outs.append(out)
         assert int(ws.count.abs().sum()) == 0
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)

@@ -74,7 +74,7 @@ class TritonStep(AttentionStep):
         ps = be.kv.page_size
         window, scale = cfg.layer_window(layer), cfg.attn_scale
         d = self.decode
-        if d is not None and d.ws.count is not None:  # decoding only, no cascade: one launch
+        if d is not None and d.ws.count is not None and be.fused_decode == "1":  # decoding only: one launch
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             tk.decode_fused(q, k, v, out, d.q_rows, kc, vc, be.rope.cos[key], be.rope.sin[key], table, d.rows,
                             d.lens, d.ws, ps, scale, window, cfg.rope_dim, cfg.rope_style == "neox")
@@ -82,7 +82,10 @@ class TritonStep(AttentionStep):
         q = tk.rope_write(q, k, v, kc, vc, be.rope.cos[key], be.rope.sin[key], self.positions, self.tok_rows,
                           table, ps, cfg.rope_dim, cfg.rope_style == "neox")
         out = torch.empty_like(q)
-        if d is not None:
+        if d is not None and d.ws.count is not None:  # "merge": split attention and merge in one launch
+            tk.decode_fused(q, None, None, out, d.q_rows, kc, vc, None, None, table, d.rows, d.lens, d.ws, ps,
+                            scale, window)
+        elif d is not None:
             tk.decode_attention(q, out, d.q_rows, kc, vc, table, d.rows, d.lens, d.ws, ps, scale, window,
                                 cascade=d.cascade)
         e = self.extend
@@ -117,7 +120,11 @@ class TritonBackend(AttentionBackend):
         self.cascade_graphs = self.cascade_mode == "1" or (self.cascade_mode != "0" and self.cascade_auto_ok)
         self.n_cascade_steps = 0  # decode steps (eager or graph) that read a shared prefix once
         # decode-only steps without cascade: RoPE, KV write, split attention and merge in one launch
-        self.fused_decode = os.environ.get("KVSERVE_DECODE_FUSED", "1").strip() != "0"
+        # ("merge": RoPE + KV write apart, split attention and merge in one launch; "0": all apart)
+        mode = os.environ.get("KVSERVE_DECODE_FUSED", "1").strip().lower()
+        self.fused_decode = mode if mode in ("0", "merge") else "1"
+        # most splits of a decode step's sequence (for A/B of the split count)
+        self.max_splits = int(os.environ.get("KVSERVE_DECODE_MAX_SPLITS", "32"))
 
     def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
         """Cascade groups of the decoding (single-token) sequences, indices in decode order."""
@@ -154,7 +161,7 @@ class TritonBackend(AttentionBackend):
         """Enough (batch, kv head, split) programs for two per multiprocessor, at least 64 keys each
         (fewer, longer splits measured faster once the batch fills the GPU: bench/attn_kernels.py)."""
         want = -(-2 * self.n_sm // max(1, batch * self.cfg.n_head_kv))
-        return max(1, min(want, 32, -(-max_len // 64)))
+        return max(1, min(want, self.max_splits, -(-max_len // 64)))
 
     def prepare(self, seqs: list[StepSeq], ids: list[int]) -> tuple[torch.Tensor, AttentionStep]:
         rows, idx, val = self.pt.assign([s.seq_id for s in seqs], [s.page_table for s in seqs])
@@ -200,7 +207,7 @@ class TritonBackend(AttentionBackend):
                 sh_splits = self.shared_splits(len(groups), width * (cfg.n_head // cfg.n_head_kv),
                                                max(sh for _, sh in groups))
                 self.n_cascade_steps += 1
-            fused = self.fused_decode and not e_rows and cascade is None
+            fused = self.fused_decode != "0" and not e_rows and cascade is None
             ws = tk.DecodeWorkspace(len(d_q), cfg.n_head, cfg.head_dim, self.num_splits(len(d_q), max(own)),
                                     self.device, shared_splits=sh_splits, n_head_kv=cfg.n_head_kv if fused else 0)
             decode = _Decode(v[3], v[4], v[5], ws, cascade)
@@ -243,7 +250,7 @@ class TritonBackend(AttentionBackend):
             sh = self.shared_splits(1, bucket * (cfg.n_head // cfg.n_head_kv), max_ctx)
         ws = self._graph_ws.setdefault(
             (bucket, cascade), tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh,
-                                                  n_head_kv=cfg.n_head_kv if self.fused_decode and not cascade else 0))
+                                                  n_head_kv=cfg.n_head_kv if self.fused_decode != "0" and not cascade else 0))
         step = TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws, casc), None)
         return ids, step
 

@@ -289,14 +289,15 @@ def _decode_fused_kernel(
     q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
     mid_o_ptr, mid_lse_ptr, count_ptr, out_ptr, qk_scale, window, num_splits, split_stride,
     H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-    RD: tl.constexpr, NEOX: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
+    RD: tl.constexpr, NEOX: tl.constexpr, ROPE: tl.constexpr, BLOCK_G: tl.constexpr, GP: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Decode step of one layer in one launch. Program (b, kv head, split): RoPE of its G query
-    heads and of the new key in registers (rounded as ``rope_write`` rounds them); the program
-    whose split holds the new position writes its k/v to the cache and uses them for that key;
-    then the split's log-sum-exp partials, as ``_decode_split_kernel``; the last split of
-    (b, kv head) to finish (an atomic count, reset after) merges all splits in split order."""
+    """Decode step of one layer in one launch. Program (b, kv head, split): with ROPE, RoPE of
+    its G query heads and of the new key in registers (rounded as ``rope_write`` rounds them),
+    the program whose split holds the new position writes its k/v to the cache and uses them
+    for that key (without ROPE, q is rotated and the cache written already); then the split's
+    log-sum-exp partials, as ``_decode_split_kernel``; the last split of (b, kv head) to finish
+    (an atomic count, reset after) merges all splits, as ``_decode_merge_kernel`` does."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -309,29 +310,32 @@ def _decode_fused_kernel(
     s1 = tl.minimum(length, s0 + per)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
-    RD2: tl.constexpr = RD // 2
-    ci, partner, sign, rot = _rope_pairs(d, RD, NEOX)
-    c1 = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + ci, mask=rot, other=1.0)
-    s1n = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + ci, mask=rot, other=0.0)
+    dk = d < D
     t = tl.load(q_rows_ptr + b).to(tl.int64)  # the token's row in q/k/v and out
     mq = (g[:, None] < G) & (d[None, :] < D)
     qa = q_ptr + t * stride_q + (hk * G + g[:, None]) * D
-    x = tl.load(qa + d[None, :], mask=mq, other=0.0).to(tl.float32)
-    xp = tl.load(qa + partner[None, :], mask=mq, other=0.0).to(tl.float32)
-    q = (x * c1[None, :] + sign[None, :] * xp * s1n[None, :]).to(q_ptr.dtype.element_ty)
-    dk = d < D
-    ka = k_ptr + t * stride_k + hk * D
-    x = tl.load(ka + d, mask=dk, other=0.0).to(tl.float32)
-    xp = tl.load(ka + partner, mask=dk, other=0.0).to(tl.float32)
-    k_new = (x * c1 + sign * xp * s1n).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-    v_new = tl.load(v_ptr + t * stride_v + hk * D + d, mask=dk, other=0.0).to(v_cache_ptr.dtype.element_ty)
-    if (pos >= s0) & (pos < s1):
-        page = tl.load(table_ptr + row * table_stride + pos // PS)
-        dst = (page.to(tl.int64) * PS + pos % PS) * (HKV * D) + hk * D + d
-        tl.store(k_cache_ptr + dst, k_new, mask=dk)
-        tl.store(v_cache_ptr + dst, v_new, mask=dk)
-    k_new = k_new.to(q.dtype)
-    v_new = v_new.to(q.dtype)
+    if ROPE:
+        RD2: tl.constexpr = RD // 2
+        ci, partner, sign, rot = _rope_pairs(d, RD, NEOX)
+        c1 = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + ci, mask=rot, other=1.0)
+        s1n = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + ci, mask=rot, other=0.0)
+        x = tl.load(qa + d[None, :], mask=mq, other=0.0).to(tl.float32)
+        xp = tl.load(qa + partner[None, :], mask=mq, other=0.0).to(tl.float32)
+        q = (x * c1[None, :] + sign[None, :] * xp * s1n[None, :]).to(q_ptr.dtype.element_ty)
+        ka = k_ptr + t * stride_k + hk * D
+        x = tl.load(ka + d, mask=dk, other=0.0).to(tl.float32)
+        xp = tl.load(ka + partner, mask=dk, other=0.0).to(tl.float32)
+        k_new = (x * c1 + sign * xp * s1n).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
+        v_new = tl.load(v_ptr + t * stride_v + hk * D + d, mask=dk, other=0.0).to(v_cache_ptr.dtype.element_ty)
+        if (pos >= s0) & (pos < s1):
+            page = tl.load(table_ptr + row * table_stride + pos // PS)
+            dst = (page.to(tl.int64) * PS + pos % PS) * (HKV * D) + hk * D + d
+            tl.store(k_cache_ptr + dst, k_new, mask=dk)
+            tl.store(v_cache_ptr + dst, v_new, mask=dk)
+        k_new = k_new.to(q.dtype)
+        v_new = v_new.to(q.dtype)
+    else:
+        q = tl.load(qa + d[None, :], mask=mq, other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -339,13 +343,17 @@ def _decode_fused_kernel(
     for start in range(s0, s1, BLOCK_N):
         tok = start + n_off
         valid = tok < s1
-        old = valid & (tok != pos)  # the new key is not in the cache yet (or not for certain)
-        kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, old, hk, d, PS, HKV, D)
-        k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        new = (tok == pos)[:, None]
-        k = tl.where(new, k_new[None, :], k)
-        v = tl.where(new, v_new[None, :], v)
+        if ROPE:  # the new key is not in the cache yet (or not for certain): from registers
+            kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid & (tok != pos), hk, d, PS, HKV, D)
+            k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+            new = (tok == pos)[:, None]
+            k = tl.where(new, k_new[None, :], k)
+            v = tl.where(new, v_new[None, :], v)
+        else:
+            kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
+            k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -365,35 +373,47 @@ def _decode_fused_kernel(
     cnt = count_ptr + b * HKV + hk
     done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if done == num_splits - 1:
-        # as _decode_merge_kernel, one query head at a time (its splits' loads all in flight)
+        # every query head's splits in one round trip: [GP heads, BLOCK_S splits, BLOCK_D]
+        gm = tl.arange(0, GP)
         j = tl.arange(0, BLOCK_S)
-        ms = j < num_splits
-        for gi in tl.static_range(G):
-            hb = (b.to(tl.int64) * H + hk * G + gi) * split_stride
-            lj = tl.load(mid_lse_ptr + hb + j, mask=ms, other=float("-inf"), cache_modifier=".cg")
-            mx = tl.max(lj, 0)
-            w = tl.where(lj == float("-inf"), 0.0, tl.exp2(lj - mx))
-            oj = tl.load(mid_o_ptr + (hb + j[:, None]) * D + d[None, :], mask=ms[:, None] & (d[None, :] < D),
-                         other=0.0, cache_modifier=".cg")
-            res = tl.sum(oj * w[:, None], 0) / tl.sum(w, 0)
-            tl.store(out_ptr + t * (H * D) + (hk * G + gi) * D + d, res.to(out_ptr.dtype.element_ty), mask=dk)
+        hb = (b.to(tl.int64) * H + hk * G + gm) * split_stride  # [GP]
+        ml = (gm[:, None] < G) & (j[None, :] < num_splits)
+        lj = tl.load(mid_lse_ptr + hb[:, None] + j[None, :], mask=ml, other=float("-inf"), cache_modifier=".cg")
+        mo = ml[:, :, None] & (d[None, None, :] < D)
+        oj = tl.load(mid_o_ptr + (hb[:, None, None] + j[None, :, None]) * D + d[None, None, :], mask=mo,
+                     other=0.0, cache_modifier=".cg")
+        mx = tl.max(lj, 1)
+        w = tl.where(lj == float("-inf"), 0.0, tl.exp2(lj - mx[:, None]))
+        res = tl.sum(oj * w[:, :, None], 1) / tl.sum(w, 1)[:, None]
+        ho = (hk * G + gm)[:, None] * D + d[None, :]
+        tl.store(out_ptr + t * (H * D) + ho, res.to(out_ptr.dtype.element_ty),
+                 mask=(gm[:, None] < G) & (d[None, :] < D))
         tl.atomic_xchg(cnt, 0)
 
 
 def decode_fused(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, q_rows: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, table: torch.Tensor,
-    seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace, page_size: int, scale: float,
-    window: int, rope_dim: int, neox: bool, block_n: int | None = None, num_warps: int = 4,
-    num_stages: int = 2,
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, out: torch.Tensor, q_rows: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+    table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace, page_size: int,
+    scale: float, window: int, rope_dim: int = 0, neox: bool = False, block_n: int | None = None,
+    num_warps: int = 4, num_stages: int = 2,
 ) -> None:
     """``rope_write`` then ``decode_attention`` for a step of decoding sequences only (token
     ``q_rows[b]`` at position ``seq_lens[b] - 1``), in one launch: q, k, v are the projections'
-    unrotated outputs [T, heads, D]; out[q_rows[b]] gets the attention. ``ws`` needs ``count``."""
+    unrotated outputs [T, heads, D]; out[q_rows[b]] gets the attention. With k None, q is
+    rotated and the cache written already (split attention and merge only). ``ws`` needs
+    ``count``."""
     b = seq_lens.shape[0]
     if b == 0:
         return
-    q, k, v = _token_stride(q), _token_stride(k), _token_stride(v)
+    rope = k is not None
+    q = _token_stride(q)
+    if rope:
+        assert v is not None and cos is not None and sin is not None
+        k, v = _token_stride(k), _token_stride(v)
+    else:
+        k = v = q
+        cos = sin = seq_lens
     _, h, d = q.shape
     hkv = k_cache.shape[1]
     if block_n is None:
@@ -404,9 +424,9 @@ def decode_fused(
         q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin,
         q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
         ws.mid_o, ws.mid_lse, ws.count, out, scale * LOG2E, _window(window), ws.num_splits, ws.mid_lse.shape[2],
-        H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=rope_dim, NEOX=neox,
-        BLOCK_G=max(16, triton.next_power_of_2(g)), BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n,
-        BLOCK_S=triton.next_power_of_2(ws.num_splits), PREC=_precision(q), num_warps=num_warps,
+        H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=max(rope_dim, 2), NEOX=neox, ROPE=rope,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), GP=triton.next_power_of_2(g), BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits), PREC=_precision(q), num_warps=num_warps,
         num_stages=num_stages,
     )
 
