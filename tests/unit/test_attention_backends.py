@@ -41,8 +41,11 @@ def _plans(n_vocab: int) -> list[Plan]:
     return plans
 
 
-@pytest.mark.parametrize("arch,window", [("llama", 0), ("qwen3", 0), ("gemma3", 16)])
-def test_triton_backend_matches_torch(arch, window, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch,window,fused", [("llama", 0, "0"), ("qwen3", 0, "0"), ("gemma3", 16, "0"),
+                                               ("gemma3", 16, "1"), ("llama", 0, "merge")])
+def test_triton_backend_matches_torch(arch, window, fused, tmp_path, monkeypatch):
+    """Also with the one-launch decode kernels (KVSERVE_DECODE_FUSED), decode-only steps taking them."""
+    monkeypatch.setenv("KVSERVE_DECODE_FUSED", fused)
     spec = SynthSpec(arch=arch, head_dim=32, n_embd=128, sliding_window=window, n_vocab=300)
     path = write_random_gguf(str(tmp_path / f"{arch}.gguf"), spec)
     monkeypatch.setenv("KVSERVE_ATTN_BACKEND", "torch")
@@ -60,9 +63,11 @@ def test_triton_backend_matches_torch(arch, window, tmp_path, monkeypatch):
             assert ((o - w).abs().max() / w.abs().max()).item() < tol, (arch, sid)
 
 
-def test_graph_step_inputs_match_eager(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fused", ["0", "1"])
+def test_graph_step_inputs_match_eager(fused, tmp_path, monkeypatch):
     """The static-buffer decode step that CUDA graphs capture, run eagerly: padded rows (scratch
     row and page) must not change the real rows' logits, page-table updates must arrive."""
+    monkeypatch.setenv("KVSERVE_DECODE_FUSED", fused)
     spec = SynthSpec(arch="llama", head_dim=32, n_embd=128, n_vocab=300)
     path = write_random_gguf(str(tmp_path / "m.gguf"), spec)
     monkeypatch.setenv("KVSERVE_ATTN_BACKEND", "triton")

@@ -5,8 +5,8 @@ non-blocking copy; nothing in a step waits for the device or has a shape that de
 data. Single-token chunks take the split-K decode kernel; longer chunks take the extend kernel
 (a chunk over its cached prefix and itself). Each layer runs RoPE fused with the KV write, then
 decode (split and merge) and/or extend attention; a step of decoding sequences only, without
-cascade, runs all of that in one launch (``tk.decode_fused``; ``KVSERVE_DECODE_FUSED=0`` keeps
-the separate kernels).
+cascade, can run all of that in one launch (``tk.decode_fused``, ``KVSERVE_DECODE_FUSED=1``;
+``merge``: split and merge in one launch after ``rope_write``; default ``0``, the separate kernels).
 
 Decoding sequences whose page tables start with the same pages (``attention.cascade_groups``,
 the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``) when it pays:
@@ -119,10 +119,11 @@ class TritonBackend(AttentionBackend):
         # GraphRunner captures cascade variants only where a step can take them
         self.cascade_graphs = self.cascade_mode == "1" or (self.cascade_mode != "0" and self.cascade_auto_ok)
         self.n_cascade_steps = 0  # decode steps (eager or graph) that read a shared prefix once
-        # decode-only steps without cascade: RoPE, KV write, split attention and merge in one launch
-        # ("merge": RoPE + KV write apart, split attention and merge in one launch; "0": all apart)
-        mode = os.environ.get("KVSERVE_DECODE_FUSED", "1").strip().lower()
-        self.fused_decode = mode if mode in ("0", "merge") else "1"
+        # "1": decode-only steps without cascade run RoPE, KV write, split attention and merge in one
+        # launch; "merge": RoPE + KV write apart, split attention and merge in one launch; "0" (the
+        # default until the fused kernels measure faster on the GPU, docs/benchmarks.md): all apart
+        mode = os.environ.get("KVSERVE_DECODE_FUSED", "0").strip().lower()
+        self.fused_decode = mode if mode in ("1", "merge") else "0"
         # most splits of a decode step's sequence (for A/B of the split count)
         self.max_splits = int(os.environ.get("KVSERVE_DECODE_MAX_SPLITS", "32"))
 
