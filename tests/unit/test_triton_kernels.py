@@ -308,8 +308,8 @@ def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, 
         else:
             kc.copy_(kc_ref)
             vc.copy_(vc_ref)
-            tk.decode_fused(q_rot, None, None, out, rows, kc, vc, None, None, table, rows, _i32(lengths), ws, PS,
-                            d**-0.5, window, block_n=block_n)
+            tk.decode_fused(q_rot, None, None, out, rows, kc, vc, None, None, table, rows, _i32(lengths), ws,
+                            PS, d**-0.5, window, block_n=block_n)
         outs.append(out)
         assert int(ws.count.abs().sum()) == 0
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)

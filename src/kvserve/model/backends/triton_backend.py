@@ -210,7 +210,8 @@ class TritonBackend(AttentionBackend):
                 self.n_cascade_steps += 1
             fused = self.fused_decode != "0" and not e_rows and cascade is None
             ws = tk.DecodeWorkspace(len(d_q), cfg.n_head, cfg.head_dim, self.num_splits(len(d_q), max(own)),
-                                    self.device, shared_splits=sh_splits, n_head_kv=cfg.n_head_kv if fused else 0)
+                                    self.device, shared_splits=sh_splits,
+                                    n_head_kv=cfg.n_head_kv if fused else 0)
             decode = _Decode(v[3], v[4], v[5], ws, cascade)
         if e_rows:
             extend = _Extend(v[6], v[7], v[8], v[9], max(e_len))
@@ -250,8 +251,9 @@ class TritonBackend(AttentionBackend):
             casc = tk.CascadeGroups(sec[8], sec[5], sec[6], sec[7], starts, bucket)
             sh = self.shared_splits(1, bucket * (cfg.n_head // cfg.n_head_kv), max_ctx)
         ws = self._graph_ws.setdefault(
-            (bucket, cascade), tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh,
-                                                  n_head_kv=cfg.n_head_kv if self.fused_decode != "0" and not cascade else 0))
+            (bucket, cascade),
+            tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh,
+                               n_head_kv=cfg.n_head_kv if self.fused_decode != "0" and not cascade else 0))
         step = TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws, casc), None)
         return ids, step
 

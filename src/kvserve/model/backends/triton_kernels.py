@@ -326,7 +326,8 @@ def _decode_fused_kernel(
         x = tl.load(ka + d, mask=dk, other=0.0).to(tl.float32)
         xp = tl.load(ka + partner, mask=dk, other=0.0).to(tl.float32)
         k_new = (x * c1 + sign * xp * s1n).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
-        v_new = tl.load(v_ptr + t * stride_v + hk * D + d, mask=dk, other=0.0).to(v_cache_ptr.dtype.element_ty)
+        v_new = tl.load(v_ptr + t * stride_v + hk * D + d, mask=dk, other=0.0)
+        v_new = v_new.to(v_cache_ptr.dtype.element_ty)
         if (pos >= s0) & (pos < s1):
             page = tl.load(table_ptr + row * table_stride + pos // PS)
             dst = (page.to(tl.int64) * PS + pos % PS) * (HKV * D) + hk * D + d
@@ -344,7 +345,8 @@ def _decode_fused_kernel(
         tok = start + n_off
         valid = tok < s1
         if ROPE:  # the new key is not in the cache yet (or not for certain): from registers
-            kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid & (tok != pos), hk, d, PS, HKV, D)
+            old = valid & (tok != pos)
+            kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, old, hk, d, PS, HKV, D)
             k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
             v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
             new = (tok == pos)[:, None]
@@ -378,7 +380,8 @@ def _decode_fused_kernel(
         j = tl.arange(0, BLOCK_S)
         hb = (b.to(tl.int64) * H + hk * G + gm) * split_stride  # [GP]
         ml = (gm[:, None] < G) & (j[None, :] < num_splits)
-        lj = tl.load(mid_lse_ptr + hb[:, None] + j[None, :], mask=ml, other=float("-inf"), cache_modifier=".cg")
+        lj = tl.load(mid_lse_ptr + hb[:, None] + j[None, :], mask=ml, other=float("-inf"),
+                     cache_modifier=".cg")
         mo = ml[:, :, None] & (d[None, None, :] < D)
         oj = tl.load(mid_o_ptr + (hb[:, None, None] + j[None, :, None]) * D + d[None, None, :], mask=mo,
                      other=0.0, cache_modifier=".cg")
@@ -423,11 +426,12 @@ def decode_fused(
     _decode_fused_kernel[(b, hkv, ws.num_splits)](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin,
         q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
-        ws.mid_o, ws.mid_lse, ws.count, out, scale * LOG2E, _window(window), ws.num_splits, ws.mid_lse.shape[2],
+        ws.mid_o, ws.mid_lse, ws.count, out, scale * LOG2E, _window(window), ws.num_splits,
+        ws.mid_lse.shape[2],
         H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=max(rope_dim, 2), NEOX=neox, ROPE=rope,
-        BLOCK_G=max(16, triton.next_power_of_2(g)), GP=triton.next_power_of_2(g), BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits), PREC=_precision(q), num_warps=num_warps,
-        num_stages=num_stages,
+        BLOCK_G=max(16, triton.next_power_of_2(g)), GP=triton.next_power_of_2(g),
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits),
+        PREC=_precision(q), num_warps=num_warps, num_stages=num_stages,
     )
 
 
@@ -454,7 +458,8 @@ class DecodeWorkspace:
         self.mid_lse = torch.empty((max_b, n_head, n), dtype=torch.float32, device=device)
         # with n_head_kv: splits finished per (sequence, kv head) for ``decode_fused`` (each launch
         # leaves it at zero again)
-        self.count = (torch.zeros((max_b, n_head_kv), dtype=torch.int32, device=device) if n_head_kv else None)
+        self.count = (torch.zeros((max_b, n_head_kv), dtype=torch.int32, device=device)
+                      if n_head_kv else None)
 
 
 class CascadeGroups:
