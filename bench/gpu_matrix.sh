@@ -23,6 +23,9 @@
 #            step), 8B bf16 and 8B Q4_K_M (Llama-3 vocabulary, quantized weights); with BASELINE_SRC
 #            each engine row runs on that tree first, in the same run. B1_MODELS picks parts
 #            (default "sweep 1b 8b q8b"; sweep = bench/dense_gemv.py)
+#   b1attn   the 1B bf16 batch-1 row once per B1ATTN_AB setting (default: the decode attention
+#            kernels apart, in one launch, split + merge in one launch, one launch with 16 splits
+#            at most), each with its kernels per step: an A/B of KVSERVE_DECODE_FUSED in one run
 # With BASELINE_SRC=DIR (the src/ of another tree) the server section first runs both server
 # workloads on that tree too: a before/after in the same run (BASELINE_PYTHONPATH: its whole
 # PYTHONPATH, when its libraries differ). SERVER_AB="VAR=VALUE ..." adds the 64 streams
@@ -102,6 +105,15 @@ if want b1; then
     wait "$SYNTHQ8B"; cat "$OUT/synthq8b.txt"
     b1 "8B Q4_K_M" --synth "$SQ8B" --synth-qtype Q4_K_M --weights quant $B1
   fi
+fi
+if want b1attn; then
+  B1ATTN_AB=${B1ATTN_AB:-"KVSERVE_DECODE_FUSED=0 KVSERVE_DECODE_FUSED=1 KVSERVE_DECODE_FUSED=merge \
+KVSERVE_DECODE_FUSED=1,KVSERVE_DECODE_MAX_SPLITS=16"}
+  for setting in $B1ATTN_AB; do
+    phase "engine b1, 1B bf16, ${setting//,/ }"
+    env ${setting//,/ } timeout 120 $PY bench/engine.py --synth "$S1B" --dtype bf16 --device cuda --prefill 512 \
+        --batches 1 --ctx 2048 --steps 32 --reps 3 --roofline --kernels
+  done
 fi
 if want kernels; then
   phase "decode attention kernel alone"
