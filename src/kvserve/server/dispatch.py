@@ -15,7 +15,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from kvserve.engine.request import (
     EngineEvent,
@@ -78,15 +78,25 @@ class EventQueue:
     whose deadline is not before the armed one's reuses it, so a stream that gets a token every
     few milliseconds arms about one timer per timeout, not one per token; such a wait may then
     end before its own timeout (False, nothing there), which every caller treats as a wake-up
-    to look around (pings, timeouts, disconnects) and wait again."""
+    to look around (pings, timeouts, disconnects) and wait again.
+
+    ``sink``: while the consumer waits with nothing queued, an event is first offered to it; an
+    event it takes (True) is handled there and then, in the delivery, and neither queued nor
+    waking the consumer. A stream writes its plain token chunks this way: one wake-up of the
+    loop per engine step for all its streams, and none of each stream's task per token. Events
+    it declines, and every event while others are queued or the consumer is busy, keep their
+    order through the queue."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._items: deque[EngineEvent] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.sink: Callable[[EngineEvent], bool] | None = None
 
     def put_nowait(self, ev: EngineEvent) -> None:  # on the loop
+        if self.sink is not None and self._waiter is not None and not self._items and self.sink(ev):
+            return
         self._items.append(ev)
         w = self._waiter
         if w is not None and not w.done():
@@ -128,6 +138,7 @@ class EventQueue:
 
     def close(self) -> None:
         """Disarm the timer and wake a waiter (the request is over: it looks and sees that)."""
+        self.sink = None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -192,6 +203,25 @@ class Dispatch:
         self.pending.clear()
         self.cancelled = True
         self.queue.close()
+
+    def handle_on_delivery(self, handle: Callable[[EngineEvent], bool]) -> None:
+        """While the consumer waits (``next``) with nothing queued, a token or progress event of
+        a pending request is given to ``handle`` on delivery; one it takes (True) is done with
+        (see ``EventQueue.sink``). ``handle`` must not raise for an event it could not take: an
+        exception counts as declining it, and the event is queued as usual."""
+
+        def sink(ev: EngineEvent) -> bool:
+            if ev.request_id not in self.pending or isinstance(ev, (FinalEvent, ErrorEvent)):
+                return False
+            try:
+                taken = handle(ev)
+            except Exception:  # noqa: BLE001 - the consumer meets it again, in its own context
+                return False
+            if taken:
+                self._last_event = self.loop.time()
+            return taken
+
+        self.queue.sink = sink
 
     @property
     def done(self) -> bool:

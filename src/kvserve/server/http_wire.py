@@ -7,6 +7,14 @@ chunk; its httptools protocol frames chunks cheaply but lowercases names. ``prot
 returns the httptools protocol with one change: the status line and header block of each
 response go out with canonical names (``content-type`` -> ``Content-Type``). Where httptools or
 the uvicorn internals this relies on are missing, it returns ``"h11"``.
+
+Streamed bodies: the scope of a request on this protocol carries ``scope[WRITE_NOWAIT]``, a
+function that writes one chunk of the response body straight to the connection (the chunk
+framing uvicorn's ``send`` writes, byte for byte) and returns True, or returns False and writes
+nothing where ``send`` is needed (the response has not started or has ended, the connection is
+gone or its write buffer is full, a body that is not chunked). An SSE stream writes each token
+with it: no ASGI ``send`` through the middleware chain per token, and no wake-up of the
+stream's task (see ``dispatch.EventQueue.sink``).
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ import logging
 from typing import Any
 
 log = logging.getLogger("kvserve.server")
+
+WRITE_NOWAIT = "kvserve.write_nowait"  # the scope key (see the module docstring)
 
 
 def canonical_header(name: bytes) -> bytes:
@@ -58,9 +68,19 @@ def protocol_class() -> Any:
         return "h11"
 
     class Cycle(base_cycle):  # type: ignore[misc, valid-type]
+        def write_nowait(self, body: bytes) -> bool:
+            if (self.disconnected or self.flow.write_paused or not self.response_started
+                    or self.response_complete or self.chunked_encoding is not True or not body):
+                return False
+            self.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+            return True
+
         async def send(self, message: Any) -> None:
             if self.response_started or message.get("type") != "http.response.start":
-                return await super().send(message)
+                await super().send(message)
+                if self.response_complete:  # no writes after the end (and no reference cycle)
+                    self.scope.pop(WRITE_NOWAIT, None)
+                return
             transport = self.transport
             self.transport = _HeaderBlockTransport(transport)
             try:
@@ -69,10 +89,13 @@ def protocol_class() -> Any:
                 self.transport = transport
 
     class Protocol(base_protocol):  # type: ignore[misc, valid-type]
+        cycle_class = Cycle
+
         def on_headers_complete(self) -> None:
             super().on_headers_complete()
             # the cycle just made (its task starts on the loop's next turn) writes through Cycle
             if type(self.cycle) is base_cycle:
-                self.cycle.__class__ = Cycle
+                self.cycle.__class__ = self.cycle_class
+                self.cycle.scope[WRITE_NOWAIT] = self.cycle.write_nowait
 
     return Protocol

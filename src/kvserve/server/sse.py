@@ -24,6 +24,7 @@ from kvserve.server import responses as R
 from kvserve.server.chat_parsing import ChatStream
 from kvserve.server.errors import ApiError
 from kvserve.server.dispatch import ClientGone, Dispatch, error_event_body
+from kvserve.server.http_wire import WRITE_NOWAIT
 from kvserve.server.jsonio import dumps, encode_basestring
 
 SSE_HEADERS = {"content-type": "text/event-stream", "x-accel-buffering": "no"}
@@ -256,17 +257,35 @@ def render(fmt: Format, ev: EngineEvent) -> list[Any]:
 
 
 async def stream_events(d: Dispatch, fmt: Format, first: EngineEvent, ping_s: int,
-                        write: Callable[[bytes], Awaitable[None]]) -> None:
+                        write: Callable[[bytes], Awaitable[None]],
+                        write_nowait: Callable[[bytes], bool] | None = None) -> None:
     """Write the SSE bytes of ``first`` and of every later event, pings in silent stretches.
-    One write per event: a client shows each token as it comes."""
-    last = time.monotonic()
+    One write per event: a client shows each token as it comes.
+
+    ``write_nowait`` (the connection's direct body write, ``http_wire.WRITE_NOWAIT``): plain
+    token chunks go out through it, also straight from the event's delivery while this task
+    waits (``Dispatch.handle_on_delivery``); where it declines, through ``write``."""
+    last = [time.monotonic()]  # when bytes last went out (for pings)
+    if write_nowait is not None:
+        def on_delivery(ev: EngineEvent) -> bool:
+            if type(ev) is not TokenEvent:
+                return False
+            text = fmt.fast_token(ev)
+            if text is None or not write_nowait(text.encode()):
+                return False
+            last[0] = time.monotonic()
+            return True
+
+        d.handle_on_delivery(on_delivery)
     ev: EngineEvent | None = first
     try:
         while True:
             if ev is not None:
                 if type(ev) is TokenEvent and (text := fmt.fast_token(ev)) is not None:
-                    await write(text.encode())
-                    last = time.monotonic()
+                    data = text.encode()
+                    if write_nowait is None or not write_nowait(data):
+                        await write(data)
+                    last[0] = time.monotonic()
                 elif isinstance(ev, ErrorEvent):
                     d.cancel()
                     await write(fmt.error_frame(error_event_body(ev)).encode())
@@ -275,22 +294,22 @@ async def stream_events(d: Dispatch, fmt: Format, first: EngineEvent, ping_s: in
                     chunks = render(fmt, ev)
                     if chunks:
                         await write("".join(fmt.encode(c) for c in chunks).encode())
-                        last = time.monotonic()
+                        last[0] = time.monotonic()
             if d.done:
                 break
             ev = d.next_nowait()  # the next event is often here already
             if ev is not None:
                 continue
-            wait = 1.0 if ping_s <= 0 else max(0.01, min(1.0, ping_s - (time.monotonic() - last)))
+            wait = 1.0 if ping_s <= 0 else max(0.01, min(1.0, ping_s - (time.monotonic() - last[0])))
             try:
                 d.check_timeout()
             except ApiError as e:
                 await write(fmt.error_frame(e.body()).encode())
                 return
             ev = await d.next(wait)
-            if ev is None and ping_s > 0 and time.monotonic() - last >= ping_s:
+            if ev is None and ping_s > 0 and time.monotonic() - last[0] >= ping_s:
                 await write(PING.encode())
-                last = time.monotonic()
+                last[0] = time.monotonic()
         if fmt.done_marker:
             await write(fmt.done_marker.encode())
     except ClientGone:
@@ -317,6 +336,7 @@ class EngineStreamingResponse(StreamingResponse):
         self.init_headers(SSE_HEADERS)
         self._events = (d, fmt, first, ping_s)
         self._on_close = on_close
+        self._write_nowait: Callable[[bytes], bool] | None = None
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -324,10 +344,11 @@ class EngineStreamingResponse(StreamingResponse):
         async def write(body: bytes) -> None:
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
-        await stream_events(*self._events, write)
+        await stream_events(*self._events, write, self._write_nowait)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._write_nowait = scope.get(WRITE_NOWAIT)
         watch = asyncio.get_running_loop().create_task(self._watch(receive))
         try:
             await self.stream_response(send)
