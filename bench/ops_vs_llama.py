@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import print_conditions, print_table  # noqa: E402
 
-from kvserve.model import attn_native  # noqa: E402
+from kvserve.model import attn_native, ops_cpu  # noqa: E402
 from kvserve.model.files import default_model_path  # noqa: E402
 from kvserve.model.loader import load_gguf  # noqa: E402
 from kvserve.model.rope import RopeTables, apply_rope_full  # noqa: E402
@@ -108,11 +108,19 @@ def main() -> None:
         q_n, k_n = nh * hd, nkv * hd
         cmp("Q, K, V projections", qkv, torch.cat([g(f"Qcur-{i}"), g(f"Kcur-{i}"), g(f"Vcur-{i}")], -1))
         key = cfg.layer_rope(i)
-        c, s = RopeTables({key}, cfg.rope_dim, torch.device("cpu"), t).full(key, cfg.rope_style)
-        c, s = c.index_select(0, pos), s.index_select(0, pos)
+        tables = RopeTables({key}, cfg.rope_dim, torch.device("cpu"), t)
         q = g(f"Qcur-{i}", 2, t, nh, hd)
-        cmp("RoPE (Q and K)", apply_rope_full(torch.cat([g(f"Qcur-{i}", 1, t, nh, hd), g(f"Kcur-{i}", 1, t, nkv, hd)], 1),
-                                              c, s, cfg.rope_style), torch.cat([q, g(f"Kcur-{i}", 2, t, nkv, hd)], 1))
+        want = torch.cat([q, g(f"Kcur-{i}", 2, t, nkv, hd)], 1)
+        qk = torch.cat([g(f"Qcur-{i}", 1, t, nh, hd), g(f"Kcur-{i}", 1, t, nkv, hd)], 1)
+        c, s = tables.full(key, cfg.rope_style)
+        cmp("RoPE (Q and K), torch reference", apply_rope_full(qk, c.index_select(0, pos), s.index_select(0, pos),
+                                                               cfg.rope_style), want)
+        if ops_cpu.enabled(qk):  # what the CPU forward pass runs: rotated in place, K and V written to a pool
+            buf = torch.cat([qk.reshape(t, -1), g(f"Vcur-{i}", 1, t, nkv, hd).reshape(t, -1)], 1).contiguous()
+            pool = torch.empty(2, t, nkv, hd, dtype=torch.float16)
+            out = ops_cpu.rope_kv(buf, nh, nkv, hd, tables.cos[key], tables.sin[key], pos, pos, pool,
+                                  cfg.rope_style == "neox")
+            cmp("RoPE (Q and K), native", out[:, : nh + nkv], want)
         kv = torch.stack([g(f"Kcur-{i}", 2, t, nkv, hd), g(f"Vcur-{i}", 1, t, nkv, hd)]).half()
         if attn_native.available():
             o = attn_native.attend(q, kv, attn_native.NativeKeys([(0, t, [0])], t), 0, cfg.attn_scale)

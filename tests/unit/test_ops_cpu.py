@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from kvserve.model import ops_cpu
-from kvserve.model.rope import apply_rope, rope_cos_sin
+from kvserve.model.rope import RopeTables, apply_rope
+
+from . import ggml_numpy as G
 
 pytestmark = pytest.mark.skipif(ops_cpu._ops_cpu is None, reason="native ops not built")
 
@@ -76,24 +78,15 @@ def test_rms_norm_matches_the_float64_sum_reference(n, eps):
     assert torch.equal(ops_cpu.rms_norm(small, w, eps), _norm_ref(small, w, eps))
 
 
-def test_exp_is_within_an_ulp_and_handles_the_ends():
-    x = torch.cat([torch.linspace(-110, 95, 400_001), torch.randn(50_000) * 10]).float()
-    y = ops_cpu.exp(x)
-    ref = torch.exp(x.double())
+def test_exp_is_ggml_v_expf_bit_for_bit():
+    x = np.concatenate([np.linspace(-110, 95, 400_001), np.random.default_rng(0).standard_normal(50_000) * 10,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 88.8, -104.5, 1e-30]]).astype(np.float32)
+    y = ops_cpu.exp(torch.from_numpy(x)).numpy()
+    assert np.array_equal(y.view(np.int32), G.v_expf(x).view(np.int32))
+    assert y[-8] == 1 and y[-7] == 1 and np.isinf(y[-6]) and y[-5] == 0 and np.isnan(y[-4])
+    ref = np.exp(x[:400_001].astype(np.float64))  # and it is an exp: within 2.5 ulp where normal
     normal = (ref > 1.1754944e-38) & (ref < 3.4e38)
-    ulp = torch.from_numpy(np.spacing(ref[normal].float().numpy())).double()
-    assert ((y.double()[normal] - ref[normal]).abs() / ulp).max() < 1.25
-    tiny = ref <= 1.1754944e-38  # subnormal results: within one subnormal step
-    assert ((y.double()[tiny] - ref[tiny]).abs() <= 1.5e-45).all()
-    assert torch.isinf(y[ref >= 3.4028235e38]).all()
-    ends = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan")])
-    e = ops_cpu.exp(ends)
-    assert e[0] == 1 and e[1] == 1 and torch.isinf(e[2]) and e[3] == 0 and torch.isnan(e[4])
-
-
-def _silu_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    g, u = g.double(), u.double()
-    return g / (1 + torch.exp(-g)) * u
+    assert (np.abs(y[:400_001][normal] - ref[normal]) / np.spacing(ref[normal].astype(np.float32))).max() < 2.5
 
 
 def _gelu_table_ref(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -113,8 +106,8 @@ def test_act_mul_fused_and_separate(act, n):
         gu[0, :3] = torch.tensor([-12.0, 11.0, 0.0])[: min(3, n)]
         y = _threads(ops_cpu.act_mul, gu, n, act)
         assert y.shape == (m, n)
-        if act == "silu":
-            torch.testing.assert_close(y.double(), _silu_ref(gu[:, :n], gu[:, n:]), rtol=5e-7, atol=1e-30)
+        if act == "silu":  # ggml_vec_swiglu_f32 bit for bit
+            assert np.array_equal(y.numpy(), G.swiglu(gu[:, :n].numpy(), gu[:, n:].numpy()))
         else:  # torch's tanh and libm's tanhf may differ by an ulp: now and then an f16 step
             want = _gelu_table_ref(gu[:, :n], gu[:, n:])
             assert (y == want).float().mean() > 0.99
@@ -124,7 +117,7 @@ def test_act_mul_fused_and_separate(act, n):
         assert torch.equal(ops_cpu.act_mul(gu[m - 1 :], n, act), y[m - 1 :])  # rows independent
 
 
-def test_silu_instruction_sets_are_bit_identical():
+def test_silu_instruction_sets_are_bit_identical_and_ggml_s():
     g = torch.Generator().manual_seed(3)
     gu = torch.randn(9, 2 * 1000 + 6, generator=g) * 6
     best = ops_cpu.set_isa(-1)
@@ -134,17 +127,31 @@ def test_silu_instruction_sets_are_bit_identical():
             assert ops_cpu.set_isa(level) == level
             outs.append(ops_cpu.act_mul(gu, 1003, "silu"))
         assert all(torch.equal(outs[0], o) for o in outs[1:])
+        assert np.array_equal(outs[0].numpy(), G.swiglu(gu[:, :1003].numpy(), gu[:, 1003:2006].numpy()))
     finally:
         ops_cpu.set_isa(-1)
 
 
 def _rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor,
               style: str) -> torch.Tensor:
+    """ggml's rotate_pairs (numpy model); the torch reference gives the same bits"""
     c, s = cos.index_select(0, pos), sin.index_select(0, pos)
     rd = 2 * cos.shape[-1]
-    out = x.clone()
-    out[..., :rd] = apply_rope(x[..., :rd].contiguous(), c, s, style)
+    out = torch.from_numpy(G.rope(x.numpy(), c.numpy(), s.numpy(), style == "neox"))
+    torch_out = x.clone()
+    torch_out[..., :rd] = apply_rope(x[..., :rd].contiguous(), c, s, style)
+    assert torch.equal(torch_out, out)
     return out
+
+
+@pytest.mark.parametrize("rd,base,scale", [(64, 10000.0, 1.0), (64, 100000.0, 1.0), (16, 1e6, 4.0), (128, 5e5, 1.0)])
+def test_rope_tables_are_ggml_s_rope_cache(rd, base, scale):
+    c, s = ops_cpu.rope_table(5000, rd, base, 1.0 / scale)
+    pos = np.r_[0:40, 4990:5000, 1234, 777]
+    wc, ws = G.rope_cache(pos, rd, base, np.float32(1.0 / scale))
+    assert np.array_equal(c.numpy()[pos], wc) and np.array_equal(s.numpy()[pos], ws)
+    t = RopeTables({(base, scale)}, rd, torch.device("cpu"), 5000)  # what a model's tables hold
+    assert torch.equal(t.cos[(base, scale)], c) and torch.equal(t.sin[(base, scale)], s)
 
 
 @pytest.mark.parametrize("style", ["norm", "neox"])
@@ -153,7 +160,7 @@ def _rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.
 def test_rope_kv_matches_the_torch_reference(style, kv_dtype, qk_norm):
     g = torch.Generator().manual_seed(7)
     for h, hkv, d, rd in [(9, 3, 64, 64), (4, 4, 32, 16), (14, 2, 64, 64)]:
-        cos, sin = rope_cos_sin(torch.arange(300), rd, 10000.0, 1.0, torch.float32)
+        cos, sin = ops_cpu.rope_table(300, rd, 10000.0, 1.0)
         pool = torch.randn(2, 80, hkv, d, generator=g).to(kv_dtype)
         qn, kn = torch.rand(d, generator=g) + 0.5, torch.rand(d, generator=g) + 0.5
         for t in (1, 4, 19):

@@ -7,12 +7,15 @@
  *             and summed in float64 (eight interleaved accumulators combined pairwise, then the
  *             tail: a fixed order); mean = (float)(Σ / n); scale = 1 / sqrtf(mean + eps);
  *             y = (h · scale) · w — ggml's rms_norm fused with its weight multiply
- *   RoPE      from kvserve's per-position cos/sin tables (float32): a pair (x0, x1) becomes
- *             (x0·c − x1·s, x1·c + x0·s), the same products and sums as the torch reference
- *             (rope.apply_rope), so the bits are the same; pairs are adjacent ("norm") or half a
- *             head apart ("neox"); dims past the rope dims are left as they are
- *   SiLU      g / (1 + exp(−g)) · u, exp computed by exp_f below (≤ 1 ulp from expf; the same
- *             float operations for every element, so vectorized or not the bits are the same)
+ *   RoPE      from kvserve's per-position cos/sin tables (rope_table below: ggml's rope cache,
+ *             float32 angles by repeated products, libm's cosf/sinf): a pair (x0, x1) becomes
+ *             (fma(x0, c, −(x1·s)), fma(x0, s, x1·c)), ggml's rotation as its build contracts
+ *             it (the torch reference rope.apply_rope evaluates the same in float64); pairs are
+ *             adjacent ("norm") or half a head apart ("neox"); dims past the rope dims are left
+ *             as they are
+ *   SiLU      ggml_vec_swiglu_f32: (g / (1 + expf(0 − g))) · u with ggml's AVX-512 ggml_v_expf
+ *             for a row's 16-element blocks and libm's expf for the tail (ggml_expf below: the
+ *             same float operations in every lane and at every instruction-set level)
  *   GELU-tanh ggml's table: gelu(f16(g)) rounded to f16 (0 for g ≤ −10, g for g ≥ 10), · u
  *   KV write  float32 → float16 / bfloat16 rounded to nearest even (as torch's conversion)
  *   bias      the fused projection's bias added first (x + b, as the linear layer adds it)
@@ -76,35 +79,6 @@ static void rms_norm(const float *x, int64_t ldx, const float *r, int64_t ldr, f
 
 /* ---- exp and the activations ---- */
 
-/* exp(x) = 2^n · e^r, n = round(x·log2 e), r = x − n·ln 2 (two-part ln 2: n·LN2_HI is exact),
- * e^r by its Taylor series to degree 7 (|r| ≤ 0.35: truncation < 0.05 ulp), 2^n applied in two
- * exact power-of-two factors so that subnormal results round once. No branches: a loop of it
- * vectorizes, and every lane runs the same float operations as the scalar code. */
-static inline float exp_f(float x) {
-    const float xc = x < -104.f ? -104.f : (x > 89.f ? 89.f : x);
-    const float t = xc * 1.44269504088896341f;
-    const float n = (t + 12582912.f) - 12582912.f; /* round to nearest even (|t| < 2^22) */
-    const float r = (xc - n * 0.693145751953125f) - n * 1.428606820309417232e-06f;
-    float p = 1.f / 5040.f;
-    p = p * r + 1.f / 720.f;
-    p = p * r + 1.f / 120.f;
-    p = p * r + 1.f / 24.f;
-    p = p * r + 1.f / 6.f;
-    p = p * r + 0.5f;
-    p = p * r + 1.f;
-    p = p * r + 1.f;
-    const int32_t ni = (int32_t)n, a = ni / 2, b = ni - a; /* each in [−75, 65]: normal powers */
-    const int32_t ba = (a + 127) << 23, bb = (b + 127) << 23;
-    float fa, fb;
-    memcpy(&fa, &ba, 4);
-    memcpy(&fb, &bb, 4);
-    float e = (p * fa) * fb;
-    e = x > 88.72283935546875f ? INFINITY : e; /* above log(FLT_MAX) */
-    return x != x ? x : e;
-}
-
-static inline float silu_f(float g) { return g / (1.0f + exp_f(-g)); }
-
 static uint16_t GELU_F16[1 << 16]; /* gelu(f16 x) rounded to f16, ggml's table */
 static int gelu_ready = 0;
 
@@ -117,16 +91,44 @@ static void gelu_table(void) {
     gelu_ready = 1;
 }
 
-#define SILU_BODY                                                                        \
-    for (int64_t i = 0; i < n; i++) y[i] = silu_f(g[i]) * u[i];
+/* ggml's AVX-512 ggml_v_expf (the one llama.cpp's CPU backend runs on an AVX-512 machine), one
+ * lane of it: n = round(x·log2 e) by the 1.5·2^23 shift, b = x − n·ln 2 in two fnmadds, a degree-5
+ * polynomial in b (its own coefficients, fma-evaluated in its order), scaled by 2^n (scalef:
+ * one rounding; here two exact power-of-two factors, the second rounding once), 0 or inf where
+ * |n| > 192. FMA is fmaf (libm) or the instruction: the same bits. */
+#define GGML_EXPF(NAME, FMA)                                                                 \
+    static inline float NAME(float x) {                                                      \
+        const float z = FMA(x, 0x1.715476p+0f, 0x1.8p23f), n = z - 0x1.8p23f;                 \
+        const float b = FMA(-n, 0x1.7f7d1cp-20f, FMA(-n, 0x1.62e4p-1f, x));                  \
+        const float u = b * b;                                                               \
+        const float j = FMA(FMA(FMA(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, FMA(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), \
+                            u, FMA(0x1.ffffecp-1f, b, 1.0f));                                \
+        if (!(fabsf(n) <= 192.f)) return n != n ? n : (n > 0.f ? INFINITY : 0.f);            \
+        const int32_t ni = (int32_t)n, ea = ni / 2, eb = ni - ea;                            \
+        const int32_t ba = (ea + 127) << 23, bb = (eb + 127) << 23;                           \
+        float fa, fb;                                                                        \
+        memcpy(&fa, &ba, 4);                                                                 \
+        memcpy(&fb, &bb, 4);                                                                 \
+        return (j * fa) * fb;                                                                \
+    }
 
-static void silu_row_generic(const float *g, const float *u, float *y, int64_t n) { SILU_BODY }
+/* ggml_vec_swiglu_f32: y = silu(g) · u with silu(g) = g / (1 + expf(0 − g)), ggml_v_expf for
+ * the 16-lane blocks of a row and libm's expf for the tail past them (as ggml's loop) */
+#define SILU_BODY(EXPF)                                                                      \
+    const int64_t nv = n - n % 16;                                                           \
+    for (int64_t i = 0; i < nv; i++) y[i] = (g[i] / (1.0f + EXPF(0.0f - g[i]))) * u[i];     \
+    for (int64_t i = nv; i < n; i++) y[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+
+GGML_EXPF(ggml_expf_generic, fmaf)
+static void silu_row_generic(const float *g, const float *u, float *y, int64_t n) { SILU_BODY(ggml_expf_generic) }
 #ifdef QMM_X86
-T_AVX2 static void silu_row_avx2(const float *g, const float *u, float *y, int64_t n) { SILU_BODY }
-T_AVX512 static void silu_row_avx512(const float *g, const float *u, float *y, int64_t n) { SILU_BODY }
+T_AVX2 GGML_EXPF(ggml_expf_avx2, __builtin_fmaf)
+T_AVX512 GGML_EXPF(ggml_expf_avx512, __builtin_fmaf)
+T_AVX2 static void silu_row_avx2(const float *g, const float *u, float *y, int64_t n) { SILU_BODY(ggml_expf_avx2) }
+T_AVX512 static void silu_row_avx512(const float *g, const float *u, float *y, int64_t n) { SILU_BODY(ggml_expf_avx512) }
 #endif
 
-static int ISA = -1; /* 0 generic, 1 AVX2, 2 AVX-512: the SiLU loop's instruction set */
+static int ISA = -1; /* 0 generic, 1 AVX2, 2 AVX-512: the SiLU and RoPE loops' instruction set */
 
 static void silu_row(const float *g, const float *u, float *y, int64_t n) {
 #ifdef QMM_X86
@@ -182,19 +184,51 @@ static inline void store_row(void *dst, int kvtype, const float *x, int64_t n) {
     }
 }
 
+/* ggml's rotation of a pair, contracted as its build contracts it (gcc, -ffp-contract=fast):
+ * x0' = fma(x0, c, −(x1·s)), x1' = fma(x0, s, x1·c) */
+#define ROTATE_BODY(FMA)                                                      \
+    const int64_t h = rd / 2;                                                 \
+    if (neox) {                                                               \
+        for (int64_t i = 0; i < h; i++) {                                     \
+            const float x0 = x[i], x1 = x[i + h];                             \
+            x[i] = FMA(x0, c[i], -(x1 * s[i]));                               \
+            x[i + h] = FMA(x0, s[i], x1 * c[i]);                              \
+        }                                                                     \
+    } else {                                                                  \
+        for (int64_t i = 0; i < h; i++) {                                     \
+            const float x0 = x[2 * i], x1 = x[2 * i + 1];                     \
+            x[2 * i] = FMA(x0, c[i], -(x1 * s[i]));                           \
+            x[2 * i + 1] = FMA(x0, s[i], x1 * c[i]);                          \
+        }                                                                     \
+    }
+
+static void rotate_generic(float *x, const float *c, const float *s, int64_t rd, int neox) { ROTATE_BODY(fmaf) }
+#ifdef QMM_X86
+T_AVX2 static void rotate_avx2(float *x, const float *c, const float *s, int64_t rd, int neox) {
+    ROTATE_BODY(__builtin_fmaf)
+}
+#endif
+
 static inline void rotate(float *x, const float *c, const float *s, int64_t rd, int neox) {
+#ifdef QMM_X86
+    if (ISA >= 1) return rotate_avx2(x, c, s, rd, neox);
+#endif
+    rotate_generic(x, c, s, rd, neox);
+}
+
+/* cos/sin [n_pos, rd / 2] of positions [p0, p0 + n_pos) as ggml's rope cache computes them:
+ * θ_0 = p, θ_i+1 = θ_i · powf(base, −2 / rd) (float32 products, in order), then
+ * cosf(freq_scale · θ_i), sinf(freq_scale · θ_i) (libm's; attn_factor 1, no YaRN) */
+static void rope_table(float *cs, float *sn, int64_t p0, int64_t n_pos, int64_t rd, float base, float freq_scale) {
+    const float theta_scale = powf(base, -2.0f / (float)rd);
     const int64_t h = rd / 2;
-    if (neox) {
+    for (int64_t p = 0; p < n_pos; p++) {
+        float theta = (float)(p0 + p);
         for (int64_t i = 0; i < h; i++) {
-            const float x0 = x[i], x1 = x[i + h];
-            x[i] = x0 * c[i] - x1 * s[i];
-            x[i + h] = x1 * c[i] + x0 * s[i];
-        }
-    } else {
-        for (int64_t i = 0; i < h; i++) {
-            const float x0 = x[2 * i], x1 = x[2 * i + 1];
-            x[2 * i] = x0 * c[i] - x1 * s[i];
-            x[2 * i + 1] = x1 * c[i] + x0 * s[i];
+            const float t = freq_scale * theta;
+            cs[p * h + i] = cosf(t);
+            sn[p * h + i] = sinf(t);
+            theta *= theta_scale;
         }
     }
 }
@@ -298,13 +332,27 @@ static PyObject *py_rope_kv(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+static PyObject *py_rope_table(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* rope_table(cos, sin, p0, n_pos, rd, base, freq_scale): ggml's cos/sin per position */
+    int64_t a[7];
+    if (ints(args, nargs, 7, a, "rope_table")) return NULL;
+    if (a[4] < 2 || a[4] % 2 || a[3] < 0) {
+        PyErr_SetString(PyExc_ValueError, "rope_table: bad rope dims or count");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    rope_table(PTR(float, a[0]), PTR(float, a[1]), a[2], a[3], a[4], flt(a[5]), flt(a[6]));
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_exp(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    /* exp(x, y, n): y = exp_f(x) elementwise (tests) */
+    /* exp(x, y, n): y = ggml_v_expf(x) elementwise (tests) */
     int64_t a[3];
     if (ints(args, nargs, 3, a, "exp")) return NULL;
     const float *x = PTR(const float, a[0]);
     float *y = PTR(float, a[1]);
-    for (int64_t i = 0; i < a[2]; i++) y[i] = exp_f(x[i]);
+    for (int64_t i = 0; i < a[2]; i++) y[i] = ggml_expf_generic(x[i]);
     Py_RETURN_NONE;
 }
 
@@ -332,6 +380,8 @@ static PyMethodDef methods[] = {
      "act_mul(g, ldg, u, ldu, n, y, ldy, M, act, nthreads): y = act(g) * u, rows of n"},
     {"rope_kv", (PyCFunction)(void (*)(void))py_rope_kv, METH_FASTCALL,
      "rope_kv(qkv, T, ld, H, Hkv, D, rd, cos, sin, pos, rows, k, v, kvtype, neox, qw, kw, eps, nthreads, bias)"},
+    {"rope_table", (PyCFunction)(void (*)(void))py_rope_table, METH_FASTCALL,
+     "rope_table(cos, sin, p0, n_pos, rd, base, freq_scale): ggml's rope cos/sin [n_pos, rd / 2]"},
     {"exp", (PyCFunction)(void (*)(void))py_exp, METH_FASTCALL, "exp(x, y, n): the kernels' exp (tests)"},
     {"set_isa", py_set_isa, METH_O, "set_isa(level): cap the instruction set (-1: the best); returns it"},
     {NULL, NULL, 0, NULL}};

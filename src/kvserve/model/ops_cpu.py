@@ -31,6 +31,20 @@ ACTS = {"silu": 0, "gelu_tanh": 1}
 _F32 = torch.float32
 
 
+def available() -> bool:
+    """Whether the extension is built (its libm-based helpers, like ``rope_table``, then run
+    whatever ``KVSERVE_NATIVE`` says: they compute tables, not a path of the forward pass)."""
+    return _ops_cpu is not None
+
+
+def rope_table(n_pos: int, rope_dim: int, base: float, freq_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's rope cos/sin [n_pos, rope_dim // 2] (float32) for positions 0..n_pos−1."""
+    assert _ops_cpu is not None
+    c, s = torch.empty(n_pos, rope_dim // 2), torch.empty(n_pos, rope_dim // 2)
+    _ops_cpu.rope_table(c.data_ptr(), s.data_ptr(), 0, n_pos, rope_dim, float(base), float(freq_scale))
+    return c, s
+
+
 def enabled(x: torch.Tensor) -> bool:
     """Whether the native ops run for activations like ``x`` (float32 on the CPU)."""
     return ENABLED and x.dtype is _F32 and x.is_cpu
@@ -44,7 +58,7 @@ def describe() -> str:
 
 
 def set_isa(level: int) -> int:
-    """Cap the SiLU loop's instruction set (0 generic, 1 AVX2, 2 AVX-512; -1 the best); returns the
+    """Cap the SiLU and RoPE loops' instruction set (0 generic, 1 AVX2, 2 AVX-512; -1 the best); returns the
     level now used (tests: every level gives the same bits)."""
     assert _ops_cpu is not None
     return int(_ops_cpu.set_isa(level))

@@ -2,13 +2,17 @@
 
 Keys are cached *after* rotation. Rotations compose, R(p + d) = R(d) · R(p), so moving a cached
 key from position p to p + d is one more rotation by d: no recomputation of the token.
-Angles are computed in float64 so that R(d)·R(p) matches R(p + d) to float32 rounding.
+``rope_cos_sin`` computes angles in float64 so that R(d)·R(p) matches R(p + d) to float32
+rounding (the shift); the model's per-position tables (``RopeTables``) are llama.cpp's instead
+(``ggml_cos_sin``), and the rotation is ggml's as its build contracts it (``apply_rope``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from . import ops_cpu
 from .config import RopeStyle
 
 
@@ -23,18 +27,49 @@ def rope_cos_sin(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def ggml_cos_sin(n_pos: int, rope_dim: int, base: float, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [n_pos, rope_dim // 2] (float32) of positions 0..n_pos−1 as llama.cpp's CPU rope
+    cache computes them: θ_0 = p, θ_i+1 = θ_i · powf(base, −2 / rope_dim) by float32 products in
+    order, then cosf/sinf of θ_i / scale. With the native ops built, libm's cosf/sinf (the bits
+    llama.cpp gets); without, the float32 angles' cos/sin in float64, rounded (cosf is not always
+    correctly rounded: ~3% of the values then differ by an ulp)."""
+    if ops_cpu.available():
+        return ops_cpu.rope_table(n_pos, rope_dim, base, 1.0 / scale)
+    f32 = torch.float32
+    ts = torch.tensor(float(np.power(np.float32(base), np.float32(-2.0) / np.float32(rope_dim))), dtype=f32)
+    fs = torch.tensor(1.0 / scale, dtype=f32)
+    theta = torch.arange(n_pos, dtype=f32)
+    cols = []
+    for _ in range(rope_dim // 2):
+        cols.append(theta * fs)
+        theta = theta * ts
+    t = torch.stack(cols, -1).double()
+    return t.cos().float(), t.sin().float()
+
+
+def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fma(a, b, c) of float32 tensors, in float64 (a·b exact there; the sum rounded to float64,
+    then to float32: the same bits as the instruction but for a tie after the first rounding,
+    about one in 10^8 values)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> torch.Tensor:
-    """Rotate x [T, H, D] (first rope_dim dims) by per-token angles cos/sin [T, rope_dim // 2]."""
+    """Rotate x [T, H, D] (first rope_dim dims) by per-token angles cos/sin [T, rope_dim // 2]:
+    a pair (x0, x1) becomes (fma(x0, c, −(x1·s)), fma(x0, s, x1·c)), ggml's rotation as its
+    build contracts it (float32 activations; other dtypes are rotated in float32)."""
     rd = cos.shape[-1] * 2
     xr, rest = x[..., :rd], x[..., rd:]
     c = cos[:, None, :]
     s = sin[:, None, :]
+    if xr.dtype != torch.float32:
+        xr = xr.float()
     if style == "neox":
         x1, x2 = xr[..., : rd // 2], xr[..., rd // 2 :]
-        out = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+        out = torch.cat([_fma(x1, c, -(x2 * s)), _fma(x1, s, x2 * c)], dim=-1)
     else:
         x1, x2 = xr[..., 0::2], xr[..., 1::2]
-        out = torch.stack([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).flatten(-2)
+        out = torch.stack([_fma(x1, c, -(x2 * s)), _fma(x1, s, x2 * c)], dim=-1).flatten(-2)
     out = out.to(x.dtype)  # angles are float32; keep the activations' dtype (bf16/f16 models)
     if rest.shape[-1]:
         out = torch.cat([out, rest], dim=-1)
@@ -50,27 +85,36 @@ def full_tables(cos: torch.Tensor, sin: torch.Tensor, style: RopeStyle) -> tuple
     return c.unsqueeze(1), s.unsqueeze(1)
 
 
-def apply_rope_full(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: RopeStyle) -> torch.Tensor:
-    """``apply_rope`` for x [T, H, D] (float32) whose every dim rotates, in a few ops:
-    ``x·C + rot(x)·S`` with rot swapping the two members of each rotated pair and S carrying
-    the sign. Each output is the same two products and one sum as in ``apply_rope`` (``a − b``
-    is ``a + (−b)`` exactly), so the results are bit for bit the same."""
+def _rot(x: torch.Tensor, style: RopeStyle) -> torch.Tensor:
     if style == "neox":
         h = x.shape[-1] // 2
-        rot = torch.cat([x[..., h:], x[..., :h]], -1)
+        return torch.cat([x[..., h:], x[..., :h]], -1)
+    return x.view(*x.shape[:-1], -1, 2).flip(-1).view(x.shape)
+
+
+def _full(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    rot = _rot(x, style)
+    xc, rs = x * c, rot * s  # float32 products: the unfused one of each pair
+    first = torch.zeros(x.shape[-1], dtype=torch.bool, device=x.device)
+    if style == "neox":
+        first[: x.shape[-1] // 2] = True
     else:
-        rot = x.view(*x.shape[:-1], -1, 2).flip(-1).view(x.shape)
-    return (x * c).add_(rot.mul_(s))
+        first[0::2] = True
+    # x0' = fma(x0, c, −(x1·s)): x·C exact plus rot·S rounded; x1' = fma(x0, s, x1·c): rot·S exact plus x·C rounded
+    exact = torch.where(first, x.double() * c.double(), rot.double() * s.double())
+    return (exact + torch.where(first, rs, xc).double()).float()
+
+
+def apply_rope_full(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: RopeStyle) -> torch.Tensor:
+    """``apply_rope`` for x [T, H, D] (float32) whose every dim rotates, from the full tables
+    (``full_tables``: S carries the sign, rot swaps the two members of each pair): each output
+    is the same fused product and rounded product as in ``apply_rope``, the same bits."""
+    return _full(x, c, s, style)
 
 
 def apply_rope_full_(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, style: RopeStyle) -> torch.Tensor:
     """``apply_rope_full`` in place: x is overwritten with the same bits."""
-    if style == "neox":
-        h = x.shape[-1] // 2
-        rot = torch.cat([x[..., h:], x[..., :h]], -1)
-    else:
-        rot = x.view(*x.shape[:-1], -1, 2).flip(-1).view(x.shape)
-    return x.mul_(c).add_(rot.mul_(s))
+    return x.copy_(_full(x, c, s, style))
 
 
 def rope_shift(
@@ -85,8 +129,8 @@ def rope_shift(
 
 
 class RopeTables:
-    """cos/sin per position, computed once (float64 angles, stored float32) for every rope key
-    ``(base, scale)`` of a model: ``cos[key][p]`` is what ``rope_cos_sin`` gives for position p.
+    """cos/sin per position, computed once (``ggml_cos_sin``: llama.cpp's angles and values) for
+    every rope key ``(base, scale)`` of a model: ``cos[key][p]`` for position p.
     Tables grow (doubling) when a position beyond them is asked for; a step indexes them with its
     positions instead of recomputing the angles."""
 
@@ -105,9 +149,9 @@ class RopeTables:
         if n_pos <= self.n_pos:
             return
         n = max(n_pos, 2 * self.n_pos)
-        pos = torch.arange(n, dtype=torch.int64, device=self.device)
         for key in self.keys:
-            self.cos[key], self.sin[key] = rope_cos_sin(pos, self.rope_dim, key[0], key[1], torch.float32)
+            c, s = ggml_cos_sin(n, self.rope_dim, key[0], key[1])
+            self.cos[key], self.sin[key] = c.to(self.device), s.to(self.device)
         self._full.clear()
         self.n_pos = n
 
