@@ -70,9 +70,10 @@ def test_one_sequence_decode_matches_generic_path(arch, window, kv_dtype, wide, 
         for i, (g, w) in enumerate(zip(got, want)):
             if wide:
                 assert torch.equal(g, w), (table, i, (g - w).abs().max().item())
-            else:  # float32 attention differs by ulps between the paths; the native ops' GELU
-                # (ggml's f16 table) turns an ulp of its input into an f16 step now and then
-                tol = 5e-3 if arch == "gemma3" and ops_cpu.ENABLED else 1e-5
+            else:  # float32 attention differs by ulps between the paths, and the random model
+                # grows them (to ~4e-5 in these logits of ~1); the native ops' GELU (ggml's f16
+                # table) turns an ulp of its input into an f16 step now and then
+                tol = 5e-3 if arch == "gemma3" and ops_cpu.ENABLED else 1e-4
                 torch.testing.assert_close(g, w, rtol=1e-5, atol=tol)
 
 
