@@ -103,13 +103,15 @@ static void gelu_table(void) {
         const float u = b * b;                                                               \
         const float j = FMA(FMA(FMA(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, FMA(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)), \
                             u, FMA(0x1.ffffecp-1f, b, 1.0f));                                \
-        if (!(fabsf(n) <= 192.f)) return n != n ? n : (n > 0.f ? INFINITY : 0.f);            \
-        const int32_t ni = (int32_t)n, ea = ni / 2, eb = ni - ea;                            \
+        const float nc = n > 192.f ? 192.f : (n < -192.f ? -192.f : n); /* no branches: vectorizes */ \
+        const int32_t ni = (int32_t)(nc == nc ? nc : 0.f), ea = ni / 2, eb = ni - ea;        \
         const int32_t ba = (ea + 127) << 23, bb = (eb + 127) << 23;                           \
         float fa, fb;                                                                        \
         memcpy(&fa, &ba, 4);                                                                 \
         memcpy(&fb, &bb, 4);                                                                 \
-        return (j * fa) * fb;                                                                \
+        const float res = (j * fa) * fb;                                                     \
+        const float alt = n > 0.f ? INFINITY : 0.f;                                          \
+        return n != n ? n : (fabsf(n) <= 192.f ? res : alt);                                 \
     }
 
 /* ggml_vec_swiglu_f32: y = silu(g) · u with silu(g) = g / (1 + expf(0 − g)), ggml_v_expf for
