@@ -17,7 +17,10 @@
 #            2,048-token prefix with plain graphs (KVSERVE_CASCADE=0) and with cascade graphs
 #   server   HTTP on the 1B shape: 64 concurrent streams (128-token prompts, 256 tokens each), and
 #            a 64-request burst over a fresh ~2,000-token shared prefix, then the same burst again
-#            (cached): TTFT of each round apart (bench/throughput.py --burst)
+#            (cached): TTFT of each round apart (bench/throughput.py --burst). SERVER_MODELS picks
+#            the shapes (default "1b"; "1b 8b" adds the 8B rows: one 8B server, an unmeasured
+#            warm-up with other prompts, then both workloads; its file is written in the background
+#            from the start)
 #   b1       batch-1 decode at 2k context: the dense GEMVs per shape (bench/dense_gemv.py: cuBLAS vs
 #            the Triton GEMV chosen at load), then engine decode b1 of 1B bf16 (with its kernels per
 #            step), 8B bf16 and 8B Q4_K_M (Llama-3 vocabulary, quantized weights); with BASELINE_SRC
@@ -57,7 +60,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 SQ8B="llama:n_layer=32,n_embd=4096,n_head=32,n_head_kv=8,head_dim=128,n_ff=14336,n_vocab=128256,n_ctx=8192,rope_base=500000.0,tied=false"
 B1_MODELS=${B1_MODELS:-sweep 1b 8b q8b}
-if want engine || { want b1 && [[ " $B1_MODELS " == *" 8b "* ]]; }; then
+SERVER_MODELS=${SERVER_MODELS:-1b}
+if want engine || { want b1 && [[ " $B1_MODELS " == *" 8b "* ]]; } || { want server && [[ " $SERVER_MODELS " == *" 8b "* ]]; }; then
   synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!
 fi
 if want b1 && [[ " $B1_MODELS " == *" q8b "* ]]; then
@@ -152,7 +156,7 @@ if want features; then
         --batches 64 --ctx 2048 --steps 32 --shared-prefix
   done
 fi
-if want server; then
+if want server && [[ " $SERVER_MODELS " == *" 1b "* ]]; then
   SRV="$PY -m kvserve -m $(synth "$S1B") -c 262144 -np 64 --metrics"
   # The first server on a fresh machine compiles the Triton kernels of its prefill and decode
   # shapes (later servers load them from the on-disk cache): one short unmeasured run of both
@@ -197,6 +201,40 @@ if want server; then
     timeout 300 $PY bench/host_overhead.py --model "$(synth "$S1B")" --real-runner "${TREES[@]}" \
         --workloads streams --n-predict 256
   fi
+fi
+if want server && [[ " $SERVER_MODELS " == *" 8b "* ]]; then
+  phase "server 8B: waiting for its file, starting one server"
+  wait "$SYNTH8B"; cat "$OUT/synth8b.txt"
+  PORT8=$($PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
+  URL8="http://127.0.0.1:$PORT8"
+  $PY -m kvserve -m "$(synth "$S8B")" -c 262144 -np 64 --metrics --port "$PORT8" > "$OUT/server8b.log" 2>&1 &
+  PID8=$!
+  $PY - "$URL8" "$PID8" <<'PYEOF'
+import os, sys, time, urllib.request
+url, pid = sys.argv[1], int(sys.argv[2])
+for _ in range(480):
+    try:
+        if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+            break
+    except Exception:
+        pass
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        break
+    time.sleep(0.5)
+PYEOF
+  echo "8B server ready (or gave up) at t+$(( $(date +%s) - T0 ))s"; tail -3 "$OUT/server8b.log"
+  # other prompts than the measured runs (their seeds follow the concurrency): nothing measured is cached
+  timeout 120 $PY bench/throughput.py --url "$URL8" --name "warm-up 8B" --concurrency 32 --workloads distinct,shared \
+      --n-predict 8 --prompt-words 38 --prefix-words 600 --rounds 1 --burst 2>&1 | grep "c=32"
+  phase "server 8B: 64 streams, 128-token prompts, 256 tokens each"
+  timeout 150 $PY bench/throughput.py --url "$URL8" --name "kvserve 8B" --concurrency 64 --workloads distinct \
+      --n-predict 256 --prompt-words 38 --rounds 1
+  phase "server 8B: 64-request burst, ~2,000-token shared prefix + distinct suffix, 64 tokens each, twice"
+  timeout 150 $PY bench/throughput.py --url "$URL8" --name "kvserve 8B" --concurrency 64 --workloads shared \
+      --n-predict 64 --prefix-words 600 --prompt-words 10 --rounds 2 --burst
+  kill "$PID8"; wait "$PID8" 2> /dev/null
 fi
 if want engine; then
   phase "engine: 8B (waiting for its file)"
