@@ -80,3 +80,38 @@ def test_a_second_forward_meanwhile_uses_its_own_buffers(tmp_path):
         fast._held.release()
     assert fast._bufs is kept
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_mlp_row_blocks_give_the_same_bits(arch, tmp_path, monkeypatch):
+    """The MLP in blocks of 16 rows (prefills of 20 and 30 rows: a full block and a partial one)
+    gives the bits of the modules, and the kept buffers grow to the largest step, reused after."""
+    from kvserve.model import cpu_forward
+
+    monkeypatch.setattr(cpu_forward, "_MLP_ROWS", 16)
+    spec = SynthSpec(arch=arch, n_layer=2, head_dim=64, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                     sliding_window=16 if arch == "gemma3" else 0, n_vocab=300, qtype="Q4_K")
+    loaded = load_gguf(write_random_gguf(str(tmp_path / "m.gguf"), spec), device=torch.device("cpu"))
+    toks = torch.randint(0, spec.n_vocab, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+    fast = _steps(ModelRunner(loaded, n_pages=8, page_size=16), toks)
+    kept = loaded.model._cpu_forward._bufs
+    assert kept[0] == 32 and kept[1][-2].shape == (16, 2 * 512)  # 30 rows → 32; gate/up: one block
+    loaded.model._cpu_forward = False
+    ref = _steps(ModelRunner(loaded, n_pages=8, page_size=16), toks)
+    for i, (a, b) in enumerate(zip(fast, ref)):
+        assert torch.equal(a, b), (i, (a - b).abs().max().item())
+
+
+def test_a_step_larger_than_the_kept_rows_uses_its_own_buffers(tmp_path, monkeypatch):
+    from kvserve.model import cpu_forward
+
+    monkeypatch.setattr(cpu_forward, "_KEEP_ROWS", 16)
+    spec = SynthSpec(arch="llama", n_layer=2, head_dim=32, n_embd=128, n_head=4, n_head_kv=2, n_vocab=300,
+                     qtype="Q8_0")
+    loaded = load_gguf(write_random_gguf(str(tmp_path / "m.gguf"), spec), device=torch.device("cpu"))
+    toks = torch.randint(0, spec.n_vocab, (60,), generator=torch.Generator().manual_seed(4)).tolist()
+    fast = _steps(ModelRunner(loaded, n_pages=8, page_size=16), toks)
+    assert loaded.model._cpu_forward._bufs[0] == 16  # the 7-row prefill's, kept; 20 and 30 rows: their own
+    loaded.model._cpu_forward = False
+    ref = _steps(ModelRunner(loaded, n_pages=8, page_size=16), toks)
+    assert all(torch.equal(a, b) for a, b in zip(fast, ref))

@@ -8,8 +8,9 @@ more norms). Run through the modules (``arch.llama``, ``layers``, the torch back
 also costs its Python wrappers: their checks, allocations and pointer look-ups are most of a
 single-token step's time outside the matrix products. ``CpuForward`` makes the same calls, in
 the same order, on the same kernels, with every pointer and size worked out once per model and
-buffers reused across layers (and, for steps of a few rows, across steps): the same bits as
-the modules (tests/unit/test_cpu_forward.py), a fraction of their Python.
+buffers reused across layers and steps: the same bits as the modules
+(tests/unit/test_cpu_forward.py), a fraction of their Python. The MLP runs a block of rows at
+a time, so a prefill's largest activation (gate/up) is a block's, not the step's.
 
 It runs a model whose blocks are the llama or Gemma 3 blocks with fused Q/K/V and gate/up on
 the native kernels, in steps of the torch backend with native attention; anything else (other
@@ -27,7 +28,14 @@ from . import attn_native, ops_cpu
 from .quant import native
 from .quant.native import FORMATS, NativeLinear
 
-_CACHED_ROWS = 16  # a step of up to this many rows keeps its buffers for the next (prefills: their own)
+# The MLP runs this many rows at a time (gate/up → act · up → down): its gate/up output is the
+# largest activation of a step (Qwen2.5-0.5B: 9,728 floats a row), and the kernels compute each
+# row alone, so the blocks give the rows' bits whatever their size. A multiple of 16 (the
+# kernels' row groups).
+_MLP_ROWS = 64
+# A forward of up to this many rows (the default -ub) keeps its buffers, grown to the largest
+# step seen, for every later step: a prefill's activations are allocated once, not per step.
+_KEEP_ROWS = 512
 
 
 def _segments(lin: nn.Module) -> tuple[tuple[int, int, int, int], ...]:
@@ -81,6 +89,7 @@ class CpuForward:
         # the tensors whose pointers the layers hold, kept alive with them
         self._params = [p for p in model.parameters()] + [b for b in model.buffers()]
         self._bufs: tuple[int, tuple[torch.Tensor, ...]] = (0, ())  # the last step's rows and buffers
+        self.mlp_rows = _MLP_ROWS  # (the kept buffers hold blocks of this many rows)
         self._held = threading.Lock()  # held while a forward uses the kept buffers
         self.matmul = native._qmm.matmul  # (bench/engine.py --split replaces it to time the rest)
 
@@ -117,18 +126,27 @@ class CpuForward:
         return (getattr(step, "_native", None) is not None and x.dtype is torch.float32 and x.dim() == 2
                 and x.is_contiguous() and step._be.kv.kv.is_contiguous())
 
+    def _alloc(self, rows: int) -> tuple[torch.Tensor, ...]:
+        """Buffers for steps of up to ``rows`` rows: h / attention output (one buffer: h is dead
+        once Q/K/V are computed, the attention output once the output product is), Q/K/V, o /
+        down (o is dead once normed), post-norm (Gemma 3), then gate/up and act · up for one
+        block of MLP rows."""
+        n, m = self.n, min(rows, self.mlp_rows)
+        shapes = ((rows, max(n, self.h * self.d)), (rows, self.n_qkv), (rows, n), (rows, n if self.gemma else 0),
+                  (m, 2 * self.n_ff), (m, self.n_ff))
+        return tuple(torch.empty(s) for s in shapes)
+
     def _buffers(self, t: int, keep: bool) -> tuple[torch.Tensor, ...]:
-        """h, qkv, attention output, o, post-norm, gate/up, act · up, down: the step's activations
-        (``keep``: the kept ones where they have t rows, else new ones, kept if t is small)."""
-        if keep and self._bufs[0] == t:
-            return self._bufs[1]
-        n = self.n
-        shapes = ((t, n), (t, self.n_qkv), (t, self.h * self.d), (t, n), (t, n), (t, 2 * self.n_ff),
-                  (t, self.n_ff), (t, n))
-        bufs = tuple(torch.empty(s) for s in shapes)
-        if keep and t <= _CACHED_ROWS:
-            self._bufs = (t, bufs)
-        return bufs
+        """The step's buffers: the kept ones (``keep``), grown first where they have fewer than t
+        rows, or, for a step larger than ``_KEEP_ROWS`` or while another forward holds the kept
+        ones, the step's own."""
+        if not keep or t > _KEEP_ROWS:
+            return self._alloc(t)
+        if self._bufs[0] < t:
+            self._bufs = (0, ())  # the smaller ones go first
+            rows = min(_KEEP_ROWS, -(-t // 16) * 16)
+            self._bufs = (rows, self._alloc(rows))
+        return self._bufs[1]
 
     def forward(self, x: torch.Tensor, step) -> torch.Tensor:  # noqa: ANN001 (a torch_ref.TorchStep)
         # one forward at a time uses the kept buffers (another thread's, meanwhile, its own)
@@ -142,7 +160,8 @@ class CpuForward:
     def _forward(self, x: torch.Tensor, step, bufs: tuple[torch.Tensor, ...]) -> torch.Tensor:  # noqa: ANN001
         be, keys = step._be, step._native
         t, n = x.shape
-        h, qkv, att, o, p, gu, a, d = (b.data_ptr() for b in bufs)
+        h, qkv, o, p, gu, a = (b.data_ptr() for b in bufs)
+        att, d = h, o
         threads = torch.get_num_threads()
         rows_threads = threads if t > 1 else 1
         kv = be.kv.kv
@@ -160,6 +179,7 @@ class CpuForward:
             ops_cpu._ops_cpu.act_mul
         attend, attn_isa, isa = attn_native._attn.attend, attn_native._ISA, native._ISA
         gemma, neox = self.gemma, self.neox
+        mlp_rows = self.mlp_rows
         r = x.data_ptr()
         xin = 0  # the previous block's output (0: the first block normalizes the residual alone)
         for i, L in enumerate(self.layers):
@@ -180,11 +200,13 @@ class CpuForward:
                 norm(p, n, r, n, r, n, L.norm2, h, n, t, n, L.eps, rows_threads)
             else:
                 norm(o, n, r, n, r, n, L.norm2, h, n, t, n, L.eps, rows_threads)
-            for f, w, cols, off in L.gate_up:
-                mm(f, h, t, n, w, cols, gu + off, 2 * nff, threads, isa)
-            act(gu, 2 * nff, gu + 4 * nff, 2 * nff, nff, a, nff, t, L.kind, rows_threads)
-            for f, w, cols, off in L.down:
-                mm(f, a, t, nff, w, cols, d + off, n, threads, isa)
+            for b0 in range(0, t, mlp_rows):  # (one block unless t > _MLP_ROWS)
+                m = min(mlp_rows, t - b0)
+                for f, w, cols, off in L.gate_up:
+                    mm(f, h + 4 * b0 * n, m, n, w, cols, gu + off, 2 * nff, threads, isa)
+                act(gu, 2 * nff, gu + 4 * nff, 2 * nff, nff, a, nff, m, L.kind, rows_threads)
+                for f, w, cols, off in L.down:
+                    mm(f, a, m, nff, w, cols, d + 4 * b0 * n + off, n, threads, isa)
             if gemma:
                 norm(d, n, 0, 0, 0, 0, L.post2, p, n, t, n, L.eps, rows_threads)
                 xin = p
