@@ -52,6 +52,7 @@ def build_engine(cfg: Config):
     from .engine.engine import Engine, EngineOptions
     from .model.chat_template import ChatTemplate
     from .model.files import default_model_path
+    from .model.gguf_meta import read_gguf
     from .model.loader import DTYPES, load_gguf
     from .model.tokenizer import Tokenizer
 
@@ -67,14 +68,19 @@ def build_engine(cfg: Config):
         from .model.heap import drop_library_pages
 
         drop_library_pages()  # what importing read, before the load's peak (again once loaded)
-    loaded = load_gguf(path, dtype=dtype, device=device, weights=e.resolve_weights(device), rope=e.rope)
+    # the tokenizer first, from the header: its build's temporaries (Qwen2.5: ~60 MiB for a 151k
+    # vocabulary) peak before the weights are resident, not on top of them
+    contents = read_gguf(path)
+    tokenizer = Tokenizer.from_metadata(contents.metadata)
+    loaded = load_gguf(path, dtype=dtype, device=device, weights=e.resolve_weights(device), rope=e.rope,
+                       contents=contents)
+    del contents
     log = logging.getLogger("kvserve")
     log.info(
         "model loaded: %s (%s, %d layers) in %.1f s", loaded.cfg.name, loaded.cfg.arch, loaded.cfg.n_layer, loaded.load_s
     )
     if loaded.summary is not None:
         log.info("%s", loaded.summary.line())
-    tokenizer = Tokenizer.from_metadata(loaded.metadata)
     try:
         template = ChatTemplate.from_metadata(loaded.metadata, s.chat_template, jinja=s.jinja)
     except ValueError as err:

@@ -26,7 +26,7 @@ from . import dense_gemv
 from .arch import ARCHITECTURES
 from .config import ModelConfig, RopeOverride, UnsupportedModelError, config_from_metadata
 from .fuse import fuse_dense
-from .gguf_meta import read_gguf
+from .gguf_meta import GGUFContents, read_gguf
 from .heap import release_free_memory, set_mmap_threshold
 from .quant import dequantize
 from .quant.build import RawTensor, WeightSummary, add_to_summary, cpu_kernels, dense_on, fuse_groups, linear
@@ -132,10 +132,11 @@ def _module_bytes(model: nn.Module) -> int:
 
 def load_gguf(
     path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", weights: str = "auto",
-    rope: RopeOverride | None = None,
+    rope: RopeOverride | None = None, contents: GGUFContents | None = None,
 ) -> LoadedModel:
     """``weights``: ``quant``, ``dense``, or ``auto`` = quant for float32 on the CPU, else dense.
-    ``rope``: the command line's RoPE overrides."""
+    ``rope``: the command line's RoPE overrides. ``contents``: ``path``'s header as
+    ``read_gguf`` parsed it already (not parsed again; its tensors are released as loaded)."""
     t0 = time.perf_counter()
     device = torch.device(device)
     if weights == "auto":
@@ -144,7 +145,8 @@ def load_gguf(
         raise UnsupportedModelError(f"quantized weights run on the CPU or CUDA, not {device.type}")
     if weights == "quant":
         _mmap_threshold(1 << 20)
-    reader = read_gguf(path)
+    reader = read_gguf(path) if contents is None else contents
+    del contents
     meta = reader.metadata
     names = {t.name for t in reader.tensors}
     cfg = config_from_metadata(meta, names)
