@@ -5,11 +5,13 @@ Part 1, in-process (one fresh interpreter per model, the steps ``python -m kvser
     python            the bare interpreter
     import torch      torch and numpy
     import kvserve    the modules a server imports before the model (HTTP server, engine)
-    GGUF header       metadata and tensor infos parsed (then dropped); before it, as the server
-                      does on the CPU, the libraries' pages importing read leave the resident set
+    GGUF header       metadata and tensor infos parsed; before it, as the server does on the
+                      CPU, the libraries' pages importing read leave the resident set
                       (``heap.drop_library_pages``, where the tree has it)
+    tokenizer         ``Tokenizer.from_metadata`` from the header, as the server builds it
+                      before the weights (a tree that loads the weights first: after them, and
+                      its header is dropped and parsed again by ``load_gguf``)
     weights           ``load_gguf`` (repacked weights)
-    tokenizer         ``Tokenizer.from_metadata``
     chat template     ``ChatTemplate.from_metadata``
     engine            ``Engine(...)`` with ``-np 1 -c 4096`` (KV pool, sampling buffers), then the
                       load's temporaries dropped as the server drops them
@@ -28,6 +30,7 @@ the server's life (load included). Ratio = kvserve / llama-server.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shlex
@@ -90,12 +93,20 @@ def child(model: str) -> None:
         drop_library_pages()
     gf = read_gguf(model)
     n_meta = len(gf.metadata)
-    del gf
-    phase("GGUF header")
-    loaded = load_gguf(model)
-    phase("weights")
-    tok = Tokenizer.from_metadata(loaded.metadata)
-    phase("tokenizer")
+    if "contents" in inspect.signature(load_gguf).parameters:  # as build_engine does: tokenizer first
+        phase("GGUF header")
+        tok = Tokenizer.from_metadata(gf.metadata)
+        phase("tokenizer")
+        loaded = load_gguf(model, contents=gf)
+        del gf
+        phase("weights")
+    else:  # (trees that load the weights first and parse the header again)
+        del gf
+        phase("GGUF header")
+        loaded = load_gguf(model)
+        phase("weights")
+        tok = Tokenizer.from_metadata(loaded.metadata)
+        phase("tokenizer")
     tpl = ChatTemplate.from_metadata(loaded.metadata)
     phase("chat template")
     engine = Engine(loaded, tok, tpl, EngineOptions(n_slots=1, n_ctx=4096, kv_dtype=torch.float16))
