@@ -33,13 +33,17 @@ _VOCAB_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.gg
 
 def drop_load_temporaries(loaded: Any) -> None:
     """Once the tokenizer and the engine exist: the metadata's vocabulary arrays (read once by
-    the tokenizer, which keeps what it needs) go, and freed memory goes back to the OS. On the
-    CPU, where the process's resident memory is the server's footprint, the libraries' pages
-    that only loading read are unmapped too (``heap.drop_library_pages``: ~60 MiB of torch's)."""
+    the tokenizer, which keeps what it needs) and the source lines importing cached go, and
+    freed memory goes back to the OS. On the CPU, where the process's resident memory is the
+    server's footprint, the libraries' pages that only loading read are unmapped too
+    (``heap.drop_library_pages``: ~60 MiB of torch's)."""
+    import linecache
+
     from .model.heap import drop_library_pages, release_free_memory
 
     for key in _VOCAB_ARRAYS:
         loaded.metadata.pop(key, None)
+    linecache.clearcache()  # source lines importing read (torch's config modules: ~1.7 MiB)
     release_free_memory()
     if loaded.device.type == "cpu":
         drop_library_pages()

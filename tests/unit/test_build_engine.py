@@ -30,3 +30,16 @@ def test_the_tokenizer_is_built_before_the_weights_from_one_header(tmp_path, mon
     assert [name for name, _ in order] == ["tokenizer", "weights"]
     assert order[0][1] == order[1][1]  # the header was parsed once: the weights' metadata is the tokenizer's
     assert engine.tokenizer.n_vocab == 300
+
+
+def test_load_temporaries_go_once_the_engine_exists() -> None:
+    import linecache
+    from types import SimpleNamespace
+
+    from kvserve.__main__ import drop_load_temporaries
+
+    linecache.getline(__file__, 1)  # as importing torch leaves its config modules' lines
+    assert linecache.cache
+    meta = {"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": ["a b"], "general.name": "m"}
+    drop_load_temporaries(SimpleNamespace(metadata=meta, device=SimpleNamespace(type="cuda")))
+    assert meta == {"general.name": "m"} and not linecache.cache
