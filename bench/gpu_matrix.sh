@@ -35,9 +35,10 @@
 # once per setting (same run), BURST_AB="VAR=VALUE ..." the bursts once per setting,
 # SERVER_HTTPX=1 once with the httpx client (--client httpx) of
 # the runs before bench/sse_client.py. A short unmeasured run first fills the kernel caches.
-# SERVER_CPU=1 then runs the 64 streams once more per tree
+# SERVER_CPU=1 then (after the 8B rows) runs the 64 streams once more per tree
 # (baseline first) under bench/host_overhead.py --real-runner: the same server with the CPU time
-# of its engine and HTTP threads per token.
+# of its engine and HTTP threads per token; with SERVER_PYSPY=path/to/py-spy each of those runs is
+# sampled by py-spy too (each thread's top functions).
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
 # chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
@@ -194,13 +195,6 @@ if want server && [[ " $SERVER_MODELS " == *" 1b "* ]]; then
     env "$AB" timeout 240 $PY bench/throughput.py --cmd "$SRV" --name "$AB" --concurrency 64 --workloads shared \
         --n-predict 64 --prefix-words 600 --prompt-words 10 --rounds 2 --burst --start-timeout 150
   done
-  if [ -n "${SERVER_CPU:-}" ]; then
-    phase "server threads' CPU time per token: 64 streams, 256 tokens each (1B, host_overhead.py --real-runner)"
-    TREES=(--tree now=src)  # each tree's src goes first on the inherited PYTHONPATH
-    [ -n "${BASELINE_SRC:-}" ] && TREES=(--tree "baseline=$BASELINE_SRC" "${TREES[@]}")
-    timeout 300 $PY bench/host_overhead.py --model "$(synth "$S1B")" --real-runner "${TREES[@]}" \
-        --workloads streams --n-predict 256
-  fi
 fi
 if want server && [[ " $SERVER_MODELS " == *" 8b "* ]]; then
   phase "server 8B: waiting for its file, starting one server"
@@ -235,6 +229,15 @@ PYEOF
   timeout 150 $PY bench/throughput.py --url "$URL8" --name "kvserve 8B" --concurrency 64 --workloads shared \
       --n-predict 64 --prefix-words 600 --prompt-words 10 --rounds 2 --burst
   kill "$PID8"; wait "$PID8" 2> /dev/null
+fi
+if want server && [ -n "${SERVER_CPU:-}" ]; then
+  phase "server threads' CPU time per token: 64 streams, 256 tokens each (1B, host_overhead.py --real-runner)"
+  TREES=(--tree now=src)  # each tree's src goes first on the inherited PYTHONPATH
+  [ -n "${BASELINE_SRC:-}" ] && TREES=(--tree "baseline=$BASELINE_SRC" "${TREES[@]}")
+  SPY=()  # SERVER_PYSPY=path/to/py-spy: each run sampled with it, each thread's top functions
+  [ -n "${SERVER_PYSPY:-}" ] && SPY=(--pyspy "$SERVER_PYSPY" --top 30)
+  timeout 300 $PY bench/host_overhead.py --model "$(synth "$S1B")" --real-runner "${TREES[@]}" \
+      --workloads streams --n-predict 256 "${SPY[@]}"
 fi
 if want engine; then
   phase "engine: 8B (waiting for its file)"

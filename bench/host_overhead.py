@@ -23,6 +23,9 @@ scheduler Python time over steps), the CPU time of the engine thread, of the HTT
 the whole server per generated token (thread CPU clocks, so time spent waiting for the
 interpreter lock counts in neither thread), TTFT per burst round, and with ``--profile`` the top
 functions of the engine thread and of the HTTP thread (cProfile, own time) for the 64-stream run.
+cProfile's own times include waits for the interpreter lock, which other threads hold in turn;
+``--pyspy PY_SPY`` samples the measured run with py-spy instead (from outside the process, no
+instrumentation; shares of each thread's active samples, ``bench/pyspy_top.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import logging
 import os
 import pstats
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -231,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", help="GGUF to serve (default: a tiny random model with the 1B vocabulary)")
     p.add_argument("--real-runner", action="store_true",
                    help="serve with the model runner instead of the null one (a GPU server's real host costs)")
+    p.add_argument("--pyspy", metavar="PY_SPY", help="py-spy executable: sample each measured run with it "
+                   "(py-spy record --nonblocking --threads) and print each thread's top functions")
     p.add_argument("--top", type=int, default=18)
     p.add_argument("--sort", choices=("own", "cumulative"), default="own", help="order of the profile tables")
     p.add_argument("--repeat", type=int, default=1, help="run the trees alternately this many times")
@@ -256,7 +262,15 @@ def main(argv: list[str] | None = None) -> int:
                  f"n_predict {args.burst_n_predict}, then the same again (cached)",
         "cpu": f"{os.cpu_count()} cores; client and server on the same machine",
     })
-    rows, rrows, crows, profiles = [], [], [], []
+    rows, rrows, crows, profiles, spies = [], [], [], [], []
+    started: list[Any] = []  # the server processes throughput.run_target starts
+
+    class Recorded(throughput.ServerProcess):  # type: ignore[misc, valid-type]
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            started.append(self)
+
+    throughput.ServerProcess = Recorded
     for rep in range(args.repeat):
         for name, src in trees:
             env_pp = os.environ.get("PYTHONPATH", "")
@@ -282,10 +296,25 @@ def main(argv: list[str] | None = None) -> int:
                     box: dict[str, Any] = {}
                     orig = throughput.run_level
 
+                    spy_out = os.path.join(tempfile.gettempdir(), f"kvserve-spy-{os.getpid()}-{rep}-{name}-{w}.txt")
+
                     async def run_level(url: str, *a: Any, _orig: Any = orig, **k: Any) -> Any:
+                        spy = None
+                        if args.pyspy and started:
+                            spy = subprocess.Popen([args.pyspy, "record", "-p", str(started[-1].pid), "--threads",
+                                                    "--nonblocking", "-r", "200", "-f", "raw", "-o", spy_out],
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            time.sleep(1.0)  # attached
                         box["before"] = scrape_metrics(url)
                         lv = await _orig(url, *a, **k)
                         box["after"] = scrape_metrics(url)
+                        if spy is not None:
+                            spy.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+                            try:
+                                spy.wait(timeout=30)
+                            except subprocess.TimeoutExpired:
+                                spy.kill()
+                            spies.append((rep + 1, name, w, spy_out))
                         return lv
 
                     throughput.run_level = run_level
@@ -344,6 +373,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"## Profile: {name}, {w}, {label} (cProfile, by {args.sort} time; rep {rep})\n")
             print_table(["function", "own s", "% of thread", "calls", "cumulative s"],
                         top_functions(f"{prof}.{thread}", args.top, args.sort), digits=3)
+    if spies:
+        import pyspy_top
+
+        for rep, name, w, path in spies:
+            if not os.path.exists(path):
+                print(f"## py-spy: {name}, {w}, rep {rep}: no profile (py-spy could not attach?)\n")
+                continue
+            print(f"## py-spy: {name}, {w}, rep {rep} (shares of each thread's active samples)\n")
+            pyspy_top.print_tables(path, args.top)
+            os.unlink(path)
     for _rep, _name, _w, prof in profiles:
         for ext in (".engine", ".http"):
             try:
