@@ -12,7 +12,8 @@ tokens came from the cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Literal
 
 LogitsWanted = Literal["none", "last", "all"]
 
@@ -79,11 +80,36 @@ class Plan:
     feed: tuple[int, ...] = ()
 
 
+class BatchRows(Mapping[int, object]):
+    """``logits`` of a step whose rows are one tensor: ``batch[rows[seq_id]]`` as a [1, vocab]
+    view, made when it is read (the sampler reads the batch itself; a decode step of 64
+    sequences made 64 views it never used)."""
+
+    __slots__ = ("_batch", "_rows")
+
+    def __init__(self, batch: Any, rows: dict[int, int]) -> None:
+        self._batch = batch
+        self._rows = rows
+
+    def __getitem__(self, seq_id: int) -> object:
+        i = self._rows[seq_id]
+        return self._batch[i : i + 1]
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._rows
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
 @dataclass
 class RunOutput:
     """``logits[seq_id]``: float32 tensor [n, vocab] (n = 1 for "last", len(tokens) for "all")."""
 
-    logits: dict[int, object]
+    logits: Mapping[int, object]
     forward_s: float = 0.0
     # The same "last" rows as one float32 tensor [n, vocab] (row batch_rows[seq_id]), when the
     # runner has them in one piece: the sampler takes them without slicing and stacking.

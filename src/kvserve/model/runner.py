@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.profiler import record_function
 
-from ..plan import Plan, RunOutput, SeqChunk, TierCopy
+from ..plan import BatchRows, Plan, RunOutput, SeqChunk, TierCopy
 from . import ops_cpu
 from .backends import StepSeq, backend_name, make_backend
 from .graph_runner import GraphRunner, fill_fed
@@ -132,9 +132,9 @@ class ModelRunner:
                 with record_function("kvserve.graph_replay"):
                     logits = self.graphs.run(bucket, seqs, [max(0, c.tokens[0]) for c in plan.chunks], groups,
                                              feed)
-                out = {c.seq_id: logits[i : i + 1] for i, c in enumerate(plan.chunks)}
                 rows = {c.seq_id: i for i, c in enumerate(plan.chunks)}
-                return RunOutput(logits=out, forward_s=time.perf_counter() - t0, batch=logits, batch_rows=rows)
+                return RunOutput(logits=BatchRows(logits, rows), forward_s=time.perf_counter() - t0, batch=logits,
+                                 batch_rows=rows)
         for batch in batches:
             rf = record_function("kvserve.inputs")
             rf.__enter__()
@@ -173,13 +173,16 @@ class ModelRunner:
                 logits = self.model.logits(sel)
                 if len(batches) == 1 and all(n == 1 for _, n in owners):
                     single = (logits, {sid: j for j, (sid, _) in enumerate(owners)})
+                    break  # the rows of one tensor: logits as views of it (BatchRows)
                 i = 0
                 for seq_id, n in owners:
                     parts.setdefault(seq_id, []).append(logits[i : i + n])
                     i += n
+        if single is not None:
+            return RunOutput(logits=BatchRows(*single), forward_s=time.perf_counter() - t0, batch=single[0],
+                             batch_rows=single[1])
         out = {sid: (ts[0] if len(ts) == 1 else torch.cat(ts)) for sid, ts in parts.items()}
-        b, rows = single if single is not None else (None, None)
-        return RunOutput(logits=out, forward_s=time.perf_counter() - t0, batch=b, batch_rows=rows)
+        return RunOutput(logits=out, forward_s=time.perf_counter() - t0)
 
     @torch.inference_mode()
     def hidden_states(self, tokens: list[int], page_table: tuple[int, ...]) -> torch.Tensor:

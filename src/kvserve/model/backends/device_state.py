@@ -27,10 +27,23 @@ class PageTable:
         self._rows: OrderedDict[int, int] = OrderedDict()  # seq_id -> row, least recent first
         self._free = list(range(n_rows - 1, -1, -1))
         self._host: list[tuple[int, ...]] = [()] * n_rows
+        self._last: tuple[list[int], list[tuple[int, ...]], list[int]] | None = None  # (ids, tables, rows)
 
     def assign(self, seq_ids: Sequence[int], tables: Sequence[tuple[int, ...]]) -> tuple[list[int], list[int], list[int]]:
         """Rows of these sequences, and the (flat index, page) updates that bring the device
-        table up to date with ``tables``. Sequences of one step never share a row."""
+        table up to date with ``tables``. Sequences of one step never share a row.
+
+        A step of the same sequences with the same tables as the call before (most decode
+        steps: a page is added every ``page_size`` tokens) changes nothing: its rows come back
+        without the per-sequence walk (the recency order it would set is the one it has)."""
+        last = self._last
+        if last is not None and last[0] == seq_ids and last[1] == tables:
+            return list(last[2]), [], []
+        rows, idx, val = self._assign(seq_ids, tables)
+        self._last = (list(seq_ids), list(tables), list(rows))
+        return rows, idx, val
+
+    def _assign(self, seq_ids: Sequence[int], tables: Sequence[tuple[int, ...]]) -> tuple[list[int], list[int], list[int]]:
         rows: list[int] = []
         idx: list[int] = []
         val: list[int] = []
@@ -64,6 +77,7 @@ class PageTable:
         return rows, idx, val
 
     def forget(self, seq_id: int) -> None:
+        self._last = None
         row = self._rows.pop(seq_id, None)
         if row is not None:
             self._host[row] = ()
@@ -117,8 +131,8 @@ class StepBuffer:
             pad = _up4(len(p)) - len(p)
             flat.extend([0] * pad)
             off += len(p) + pad
-        if flat:
-            buf[: len(flat)] = torch.as_tensor(flat, dtype=torch.int32)
+        if flat:  # through numpy: a list of ints into the buffer ~4x faster than via a tensor
+            buf.numpy()[: len(flat)] = flat
         return buf, spans
 
     def send(self, buf: torch.Tensor, n: int, dst: torch.Tensor | None = None) -> torch.Tensor:
