@@ -36,7 +36,7 @@
 # SERVER_HTTPX=1 once with the httpx client (--client httpx) of
 # the runs before bench/sse_client.py. A short unmeasured run first fills the kernel caches.
 # SERVER_CPU=1 then (after the 8B rows) runs the 64 streams once more per tree
-# (baseline first) under bench/host_overhead.py --real-runner: the same server with the CPU time
+# (baseline first; SERVER_CPU=now: this tree only) under bench/host_overhead.py --real-runner: the same server with the CPU time
 # of its engine and HTTP threads per token; with SERVER_PYSPY=path/to/py-spy each of those runs is
 # sampled by py-spy too (each thread's top functions).
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
@@ -233,7 +233,7 @@ fi
 if want server && [ -n "${SERVER_CPU:-}" ]; then
   phase "server threads' CPU time per token: 64 streams, 256 tokens each (1B, host_overhead.py --real-runner)"
   TREES=(--tree now=src)  # each tree's src goes first on the inherited PYTHONPATH
-  [ -n "${BASELINE_SRC:-}" ] && TREES=(--tree "baseline=$BASELINE_SRC" "${TREES[@]}")
+  [ -n "${BASELINE_SRC:-}" ] && [ "$SERVER_CPU" != now ] && TREES=(--tree "baseline=$BASELINE_SRC" "${TREES[@]}")
   SPY=()  # SERVER_PYSPY=path/to/py-spy: each run sampled with it, each thread's top functions
   [ -n "${SERVER_PYSPY:-}" ] && SPY=(--pyspy "$SERVER_PYSPY" --top 30)
   timeout 300 $PY bench/host_overhead.py --model "$(synth "$S1B")" --real-runner "${TREES[@]}" \
