@@ -24,13 +24,18 @@ import torch
 from torch import nn
 
 from .. import norm_kernel
-from . import triton_gemv, triton_q8
+from . import triton_gemv, triton_q8, triton_q8_tile
 from .cuda_pack import Packed, cat
 
 GEMV_MAX_ROWS = 8
 ACTIVATIONS = os.environ.get("KVSERVE_GEMV_ACTIVATIONS", "int8")
 if ACTIVATIONS not in ("int8", "float"):
     raise ValueError(f"KVSERVE_GEMV_ACTIVATIONS={ACTIVATIONS!r}: int8 or float")
+# ``KVSERVE_GEMV_KERNEL``: the int8 GEMV with a tile of groups a loop step (``triton_q8_tile``,
+# ``tile``) or one group a step (``triton_q8``, ``group``)
+KERNEL = os.environ.get("KVSERVE_GEMV_KERNEL", "tile")
+if KERNEL not in ("tile", "group"):
+    raise ValueError(f"KVSERVE_GEMV_KERNEL={KERNEL!r}: tile or group")
 # ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
 PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -114,7 +119,8 @@ class CudaQuantLinear(nn.Module):
 
     def _segment_q8(self, xq: triton_q8.QuantX, s: _Segment, y: torch.Tensor) -> None:
         b = None if self.bias is None else self.bias[s.col : s.col + s.n]
-        triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
+        gemv = triton_q8_tile.gemv if KERNEL == "tile" else triton_q8.gemv
+        gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
 
     def _fusable(self, x: torch.Tensor) -> bool:
         return (ACTIVATIONS == "int8" and x.dim() == 2 and (x.is_cuda or triton_gemv._INTERPRET)
