@@ -9,7 +9,9 @@ it every segment is dequantized into one bf16 matrix for a cuBLAS GEMM (prefill)
 The GEMV's activations (``KVSERVE_GEMV_ACTIVATIONS``): ``int8`` (the default) quantizes x once
 per module to int8 blocks of 32 as llama.cpp's CUDA backend does (``triton_q8``: integer dot
 products, about a quarter of the float32 kernel's instructions per weight); ``float`` keeps x
-in float32 (``triton_gemv``: the dequantized weights applied exactly). With int8 activations
+in float32 (``triton_gemv``: the dequantized weights applied exactly). The int8 GEMV
+(``KVSERVE_GEMV_KERNEL``) loads a tile of groups a loop step (``triton_q8_tile``, the default)
+or one group a step (``triton_q8``). With int8 activations
 the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
 down), so that a decode layer launches no quantizer of its own for them.
