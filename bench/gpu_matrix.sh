@@ -25,7 +25,10 @@
 #            the Triton GEMV chosen at load), then engine decode b1 of 1B bf16 (with its kernels per
 #            step), 8B bf16 and 8B Q4_K_M (Llama-3 vocabulary, quantized weights); with BASELINE_SRC
 #            each engine row runs on that tree first, in the same run. B1_MODELS picks parts
-#            (default "sweep 1b 8b q8b"; sweep = bench/dense_gemv.py)
+#            (default "sweep 1b 8b q8b"; sweep = bench/dense_gemv.py; attn = the attention side
+#            of a decode layer, bench/decode_attn_b1.py, apart vs one launch). B1_AB="default
+#            best VAR=V,VAR=V ..." runs each engine row of this tree once per setting ("best":
+#            the attention sweep's fastest one-launch variant for that row's head_dim)
 #   b1attn   the 1B bf16 batch-1 row once per B1ATTN_AB setting (default: the decode attention
 #            kernels apart, in one launch, split + merge in one launch, one launch with 16 splits
 #            at most), each with its kernels per step: an A/B of KVSERVE_DECODE_FUSED in one run
@@ -91,24 +94,38 @@ if want b1; then
     phase "dense decode GEMVs: cuBLAS vs Triton per shape"
     timeout 240 $PY bench/dense_gemv.py
   fi
-  b1() {  # name, extra engine args...: the row on the baseline tree (if any), then on this one
-    local name=$1; shift
+  if [[ " $B1_MODELS " == *" attn "* ]]; then
+    phase "attention side of a batch-1 decode layer: apart vs one launch (bench/decode_attn_b1.py)"
+    timeout 200 $PY bench/decode_attn_b1.py | tee "$OUT/attn_b1.txt"
+  fi
+  best() {  # the environment of bench/decode_attn_b1.py's fastest one-launch variant for shape $1
+    grep "^BEST $1 " "$OUT/attn_b1.txt" 2>/dev/null | sed -E \
+      's/^BEST [^ ]+ splits=([0-9]+) block_n=([0-9]+) pdl=([01])$/KVSERVE_DECODE_FUSED=1,KVSERVE_DECODE_MAX_SPLITS=\1,KVSERVE_DECODE_BLOCK_N=\2,KVSERVE_DECODE_PDL=\3/'
+  }
+  b1() {  # name, attention shape (1B|8B), extra engine args...: the row on the baseline tree (if
+    # any), then on this one once per B1_AB setting ("default": the tree's defaults; "best": the
+    # fastest one-launch variant of the attention sweep above; else VAR=VALUE,VAR=VALUE)
+    local name=$1 shape=$2; shift 2
     if [ -n "${BASELINE_SRC:-}" ]; then
       phase "engine b1, $name, baseline tree $BASELINE_SRC"
       PYTHONPATH="${BASELINE_PYTHONPATH:-$BASELINE_SRC:${PYTHONPATH#src:}}" timeout 300 $PY bench/engine.py "$@"
     fi
-    phase "engine b1, $name, this tree"
-    timeout 300 $PY bench/engine.py "$@" --kernels
+    for setting in ${B1_AB:-default}; do
+      [ "$setting" = default ] && setting=
+      [ "$setting" = best ] && { setting=$(best "$shape"); [ -n "$setting" ] || continue; }
+      phase "engine b1, $name, this tree${setting:+, ${setting//,/ }}"
+      env ${setting//,/ } timeout 300 $PY bench/engine.py "$@" --kernels
+    done
   }
   B1="--device cuda --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --roofline"
-  [[ " $B1_MODELS " == *" 1b "* ]] && b1 "1B bf16" --synth "$S1B" --dtype bf16 $B1
+  [[ " $B1_MODELS " == *" 1b "* ]] && b1 "1B bf16" 1B --synth "$S1B" --dtype bf16 $B1
   if [[ " $B1_MODELS " == *" 8b "* ]]; then
     wait "$SYNTH8B"; cat "$OUT/synth8b.txt"
-    b1 "8B bf16" --synth "$S8B" --dtype bf16 $B1
+    b1 "8B bf16" 8B --synth "$S8B" --dtype bf16 $B1
   fi
   if [[ " $B1_MODELS " == *" q8b "* ]]; then
     wait "$SYNTHQ8B"; cat "$OUT/synthq8b.txt"
-    b1 "8B Q4_K_M" --synth "$SQ8B" --synth-qtype Q4_K_M --weights quant $B1
+    b1 "8B Q4_K_M" 8B --synth "$SQ8B" --synth-qtype Q4_K_M --weights quant $B1
   fi
 fi
 if want b1attn; then

@@ -275,6 +275,7 @@ def test_cascade_decode_matches_reference(seed, groups, singles, hkv, g, d, wind
         (2, [100, 48], 4, 1, 32, 20, False, 16),  # window, partial rotation
         (3, [130, 64], 2, 4, 64, 16, True, 32),
         (4, [40], 1, 4, 256, 24, True, 256),  # Gemma 3's head_dim and a window
+        (5, [300, 257], 2, 4, 64, 0, False, 64),  # several blocks a split: the prefetched successor
     ],
 )
 @pytest.mark.parametrize("num_splits,block_n", [(1, 64), (3, 64), (5, 16)])
@@ -290,7 +291,7 @@ def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, 
     q = torch.randn(b, h, d, generator=gen).to(DEV, DTYPE)
     k = torch.randn(b, hkv, d, generator=gen).to(DEV, DTYPE)
     v = torch.randn(b, hkv, d, generator=gen).to(DEV, DTYPE)
-    rope = RopeTables({(10000.0, 1.0)}, rope_dim, DEV, 256)
+    rope = RopeTables({(10000.0, 1.0)}, rope_dim, DEV, max(256, max(lengths)))
     cos, sin = rope.cos[(10000.0, 1.0)], rope.sin[(10000.0, 1.0)]
     pos = _i32([n - 1 for n in lengths])
     rows = _i32(list(range(b)))
@@ -316,3 +317,57 @@ def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, 
     assert not outs[0].isnan().any()
     assert _rel(outs[0], ref) < TOL
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not (DEV.type == "cuda" and tk.pdl_supported(DEV)), reason="PDL needs compiled kernels on sm90+")
+@pytest.mark.parametrize("d,block_n,num_splits", [(64, 64, 32), (64, 128, 16), (128, 64, 16), (128, 32, 8)])
+def test_decode_fused_pdl_in_a_graph(d, block_n, num_splits):
+    """The one-launch kernel as a programmatic dependent launch after the projection that makes
+    its q/k/v, captured in a CUDA graph and replayed over several layers' caches: the same
+    attention and cache rows as rope_write + decode_attention, the same bits on every replay."""
+    hkv, g, lengths, layers = 8, 4, [2048], 3
+    h = hkv * g
+    gen, tables, kc0, vc0, table = _setup(7, lengths, hkv, g, d)
+    caches = [(kc0.clone(), vc0.clone()) for _ in range(layers)]
+    refs = [(kc0.clone(), vc0.clone()) for _ in range(layers)]
+    w = (torch.randn(256, (h + 2 * hkv) * d, generator=gen) * 0.1).to(DEV, DTYPE)
+    x = torch.randn(1, 256, generator=gen).to(DEV, DTYPE)
+    rope = RopeTables({(10000.0, 1.0)}, d, DEV, 4096)
+    cos, sin = rope.cos[(10000.0, 1.0)], rope.sin[(10000.0, 1.0)]
+    lens, rows = _i32(lengths), _i32([0])
+    ws = tk.DecodeWorkspace(1, h, d, num_splits, DEV, n_head_kv=hkv)
+    ws_ref = tk.DecodeWorkspace(1, h, d, num_splits, DEV)
+    outs = [torch.empty(1, h, d, device=DEV, dtype=DTYPE) for _ in range(layers)]
+
+    def step() -> None:
+        for li in range(layers):
+            qkv = (x * (li + 1)) @ w  # the kernel before: writes q, k, v
+            q, k, v = qkv[:, : h * d].view(1, h, d), qkv[:, h * d : (h + hkv) * d].view(1, hkv, d), \
+                qkv[:, (h + hkv) * d :].view(1, hkv, d)
+            tk.decode_fused(q, k, v, outs[li], rows, *caches[li], cos, sin, table, rows, lens, ws, PS, d**-0.5, 0,
+                            d, False, block_n=block_n, pdl=True)
+
+    want = []
+    for li in range(layers):
+        qkv = (x * (li + 1)) @ w
+        q, k, v = qkv[:, : h * d].view(1, h, d), qkv[:, h * d : (h + hkv) * d].view(1, hkv, d), \
+            qkv[:, (h + hkv) * d :].view(1, hkv, d)
+        q_rot = tk.rope_write(q, k, v, *refs[li], cos, sin, lens - 1, rows, table, PS, d, False)
+        o = torch.empty_like(q_rot)
+        tk.decode_attention(q_rot, o, rows, *refs[li], table, rows, lens, ws_ref, PS, d**-0.5, 0)
+        want.append(o)
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    got = []
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        got.append(torch.stack([o.clone() for o in outs]))
+    assert int(ws.count.abs().sum()) == 0
+    for li in range(layers):
+        assert torch.equal(caches[li][0], refs[li][0]) and torch.equal(caches[li][1], refs[li][1])
+        assert _rel(got[0][li], want[li]) < TOL
+    assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])

@@ -6,7 +6,10 @@ data. Single-token chunks take the split-K decode kernel; longer chunks take the
 (a chunk over its cached prefix and itself). Each layer runs RoPE fused with the KV write, then
 decode (split and merge) and/or extend attention; a step of decoding sequences only, without
 cascade, can run all of that in one launch (``tk.decode_fused``, ``KVSERVE_DECODE_FUSED=1``;
-``merge``: split and merge in one launch after ``rope_write``; default ``0``, the separate kernels).
+``auto``: for steps of up to ``FUSED_AUTO_MAX_BATCH`` sequences; ``merge``: split and merge in one
+launch after ``rope_write``; ``0``: the separate kernels), with ``KVSERVE_DECODE_PDL=1`` as a
+programmatic dependent launch on sm90+ (measured slower: off); ``KVSERVE_DECODE_MAX_SPLITS`` and
+``KVSERVE_DECODE_BLOCK_N`` override its split cap and key block.
 
 Decoding sequences whose page tables start with the same pages (``attention.cascade_groups``,
 the torch backend's rule) read that prefix once per group (``tk.CascadeGroups``) when it pays:
@@ -42,6 +45,13 @@ _UPDATE_ROOM = 4096  # page-table updates that ride in the graph input copy
 GRAPH_GROUPS = 4  # cascade groups a decode graph can take
 CASCADE_MAX_HEAD_DIM = 64  # the default rule's limit (bench/gpu_matrix.sh features: 1B gains, d128 not measured)
 _G4 = (GRAPH_GROUPS + 3) & ~3
+# The one-launch decode kernel (docs/benchmarks.md §1, bench/decode_attn_b1.py on an H200: at
+# batch 1 and 2k context 32 splits beat 8 and 16, 64-key blocks beat 128 at head_dim 64 and
+# 32-key blocks beat 64 at head_dim 128; PDL after the Q/K/V GEMV measured slower, off)
+FUSED_DEFAULT = "auto"  # KVSERVE_DECODE_FUSED's default
+FUSED_AUTO_MAX_BATCH = 4  # "auto": the one-launch decode kernel for steps of up to this many sequences
+FUSED_MAX_SPLITS = 32  # the one-launch kernel's most splits a sequence
+FUSED_BLOCK_N: dict[int, int] = {64: 64, 128: 32}  # its keys per block by head_dim (else the kernel's rule)
 
 
 class _Decode:
@@ -74,17 +84,18 @@ class TritonStep(AttentionStep):
         ps = be.kv.page_size
         window, scale = cfg.layer_window(layer), cfg.attn_scale
         d = self.decode
-        if d is not None and d.ws.count is not None and be.fused_decode == "1":  # decoding only: one launch
+        if d is not None and d.ws.count is not None and be.fused_decode != "merge":  # decoding only: one launch
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             tk.decode_fused(q, k, v, out, d.q_rows, kc, vc, be.rope.cos[key], be.rope.sin[key], table, d.rows,
-                            d.lens, d.ws, ps, scale, window, cfg.rope_dim, cfg.rope_style == "neox")
+                            d.lens, d.ws, ps, scale, window, cfg.rope_dim, cfg.rope_style == "neox",
+                            block_n=be.fused_block_n, pdl=be.fused_pdl)
             return out
         q = tk.rope_write(q, k, v, kc, vc, be.rope.cos[key], be.rope.sin[key], self.positions, self.tok_rows,
                           table, ps, cfg.rope_dim, cfg.rope_style == "neox")
         out = torch.empty_like(q)
         if d is not None and d.ws.count is not None:  # "merge": split attention and merge in one launch
             tk.decode_fused(q, None, None, out, d.q_rows, kc, vc, None, None, table, d.rows, d.lens, d.ws, ps,
-                            scale, window)
+                            scale, window, block_n=be.fused_block_n)
         elif d is not None:
             tk.decode_attention(q, out, d.q_rows, kc, vc, table, d.rows, d.lens, d.ws, ps, scale, window,
                                 cascade=d.cascade)
@@ -120,12 +131,28 @@ class TritonBackend(AttentionBackend):
         self.cascade_graphs = self.cascade_mode == "1" or (self.cascade_mode != "0" and self.cascade_auto_ok)
         self.n_cascade_steps = 0  # decode steps (eager or graph) that read a shared prefix once
         # "1": decode-only steps without cascade run RoPE, KV write, split attention and merge in one
-        # launch; "merge": RoPE + KV write apart, split attention and merge in one launch; "0" (the
-        # default until the fused kernels measure faster on the GPU, docs/benchmarks.md): all apart
-        mode = os.environ.get("KVSERVE_DECODE_FUSED", "0").strip().lower()
-        self.fused_decode = mode if mode in ("1", "merge") else "0"
-        # most splits of a decode step's sequence (for A/B of the split count)
-        self.max_splits = int(os.environ.get("KVSERVE_DECODE_MAX_SPLITS", "32"))
+        # launch; "auto" (the default: measured faster at batch 1, docs/benchmarks.md): the same for
+        # steps of up to FUSED_AUTO_MAX_BATCH sequences; "merge": RoPE + KV write apart, split
+        # attention and merge in one launch; "0": all apart (the kernels before)
+        mode = os.environ.get("KVSERVE_DECODE_FUSED", FUSED_DEFAULT).strip().lower()
+        self.fused_decode = mode if mode in ("1", "merge", "auto") else "0"
+        # most splits of a decode step's sequence (the separate kernels', the one-launch kernel's;
+        # KVSERVE_DECODE_MAX_SPLITS sets both, for A/B of the split count)
+        env_splits = os.environ.get("KVSERVE_DECODE_MAX_SPLITS")
+        self.max_splits = int(env_splits or 32)
+        self.fused_max_splits = int(env_splits or FUSED_MAX_SPLITS)
+        # the one-launch kernel's keys per block (0: its own rule) and programmatic dependent
+        # launch (its first cached keys read while the Q/K/V projection finishes; sm90+)
+        self.fused_block_n = int(os.environ.get("KVSERVE_DECODE_BLOCK_N", "0")) or FUSED_BLOCK_N.get(cfg.head_dim)
+        self.fused_pdl = (os.environ.get("KVSERVE_DECODE_PDL", "0").strip() == "1"
+                          and tk.pdl_supported(self.device))
+
+    def fused_for(self, batch: int) -> bool:
+        """Whether a decode-only step (no cascade) of ``batch`` sequences runs the one-launch kernel:
+        "auto" up to ``FUSED_AUTO_MAX_BATCH`` sequences (where the attention side is latency-bound)."""
+        if self.fused_decode == "auto":
+            return batch <= FUSED_AUTO_MAX_BATCH
+        return self.fused_decode != "0"
 
     def _groups(self, seqs: list[StepSeq]) -> list[tuple[list[int], int]]:
         """Cascade groups of the decoding (single-token) sequences, indices in decode order."""
@@ -158,9 +185,14 @@ class TritonBackend(AttentionBackend):
         want = -(-2 * self.n_sm // max(1, n_groups * n_mb * self.cfg.n_head_kv))
         return max(1, min(want, 32, -(-max_shared // 256)))
 
-    def num_splits(self, batch: int, max_len: int) -> int:
+    def num_splits(self, batch: int, max_len: int, fused: bool = False) -> int:
         """Enough (batch, kv head, split) programs for two per multiprocessor, at least 64 keys each
-        (fewer, longer splits measured faster once the batch fills the GPU: bench/attn_kernels.py)."""
+        (fewer, longer splits measured faster once the batch fills the GPU: bench/attn_kernels.py),
+        at most ``max_splits``; for the one-launch kernel four programs per multiprocessor, at
+        least 32 keys each, at most ``fused_max_splits``."""
+        if fused:  # latency-bound: more, shorter splits (bench/decode_attn_b1.py)
+            want = -(-4 * self.n_sm // max(1, batch * self.cfg.n_head_kv))
+            return max(1, min(want, self.fused_max_splits, -(-max_len // 32)))
         want = -(-2 * self.n_sm // max(1, batch * self.cfg.n_head_kv))
         return max(1, min(want, self.max_splits, -(-max_len // 64)))
 
@@ -208,8 +240,8 @@ class TritonBackend(AttentionBackend):
                 sh_splits = self.shared_splits(len(groups), width * (cfg.n_head // cfg.n_head_kv),
                                                max(sh for _, sh in groups))
                 self.n_cascade_steps += 1
-            fused = self.fused_decode != "0" and not e_rows and cascade is None
-            ws = tk.DecodeWorkspace(len(d_q), cfg.n_head, cfg.head_dim, self.num_splits(len(d_q), max(own)),
+            fused = not e_rows and cascade is None and self.fused_for(len(d_q))
+            ws = tk.DecodeWorkspace(len(d_q), cfg.n_head, cfg.head_dim, self.num_splits(len(d_q), max(own), fused),
                                     self.device, shared_splits=sh_splits,
                                     n_head_kv=cfg.n_head_kv if fused else 0)
             decode = _Decode(v[3], v[4], v[5], ws, cascade)
@@ -244,7 +276,8 @@ class TritonBackend(AttentionBackend):
         cfg = self.cfg
         # Splits for the longest context a sequence can have: the grid is fixed at capture.
         max_ctx = self.kv.n_pages * self.kv.page_size
-        ns = self.num_splits(bucket, max_ctx)
+        fused = self.fused_for(bucket) and not cascade
+        ns = self.num_splits(bucket, max_ctx, fused)
         casc = None
         sh = 0
         if cascade:
@@ -253,7 +286,7 @@ class TritonBackend(AttentionBackend):
         ws = self._graph_ws.setdefault(
             (bucket, cascade),
             tk.DecodeWorkspace(bucket, cfg.n_head, cfg.head_dim, ns, self.device, shared_splits=sh,
-                               n_head_kv=cfg.n_head_kv if self.fused_decode != "0" and not cascade else 0))
+                               n_head_kv=cfg.n_head_kv if fused else 0))
         step = TritonStep(self, pos, rows, _Decode(self._graph_q_rows[:bucket], rows, lens, ws, casc), None)
         return ids, step
 

@@ -12,9 +12,11 @@ sequence lives in row ``table[seq_row, p // PS] * PS + p % PS`` of the int32 pag
   partials; a second kernel merges the splits. The split length follows each sequence's length
   on the device, so the grid depends only on the batch (CUDA-graph friendly).
 - ``decode_fused``: the same for a step of decoding sequences only, in one launch: each split
-  program rotates its q and the new key in registers, the one whose split holds the new position
-  writes k/v to the cache, and the last split of each (sequence, KV head) to finish (an atomic
-  count) merges the splits in split order.
+  program has its first block of cached keys in flight before it reads q (as a programmatic
+  dependent launch, before the Q/K/V projection ends), rotates its q and the new key in
+  registers, the one whose split holds the new position writes k/v to the cache last, and the
+  last split of each (sequence, KV head) to finish (an atomic count) merges the splits in split
+  order.
 - ``cascade`` (``decode_attention`` with a ``CascadeGroups``): decoding sequences whose page
   tables start with the same pages read that shared prefix once per group: program (group,
   query block, kv head, split) attends every query head of every member (rows = member x G) to
@@ -29,9 +31,13 @@ Softmax runs in base 2 (scores scaled by log2(e)); accumulation in float32.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 LOG2E = 1.4426950408889634
 
@@ -291,18 +297,27 @@ def _decode_fused_kernel(
     H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
     RD: tl.constexpr, NEOX: tl.constexpr, ROPE: tl.constexpr, BLOCK_G: tl.constexpr, GP: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """Decode step of one layer in one launch. Program (b, kv head, split): with ROPE, RoPE of
-    its G query heads and of the new key in registers (rounded as ``rope_write`` rounds them),
-    the program whose split holds the new position writes its k/v to the cache and uses them
-    for that key (without ROPE, q is rotated and the cache written already); then the split's
-    log-sum-exp partials, as ``_decode_split_kernel``; the last split of (b, kv head) to finish
-    (an atomic count, reset after) merges all splits, as ``_decode_merge_kernel`` does."""
+    """Decode step of one layer in one launch. Program (b, kv head, split):
+
+    1. loads its first block of cached keys/values (all but the new position) - with PDL while
+       the kernel before (the Q/K/V projection) still runs: nothing read before ``gdc_wait``
+       is written by it;
+    2. with ROPE, RoPE of its G query heads and of the new key in registers (rounded as
+       ``rope_write`` rounds them); the new position's key/value come from registers (without
+       ROPE, q is rotated and the cache written already);
+    3. the split's log-sum-exp partials, as ``_decode_split_kernel``, each block's successor
+       loaded before the block is used; the program whose split holds the new position
+       writes its k/v to the cache last (no program of this launch reads that row);
+    4. the last split of (b, kv head) to finish (an atomic count, reset after) merges all
+       splits in split order, as ``_decode_merge_kernel`` does."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
     length = tl.load(seq_lens_ptr + b)
     row = tl.load(seq_rows_ptr + b).to(tl.int64)
+    t = tl.load(q_rows_ptr + b).to(tl.int64)  # the token's row in q/k/v and out
     pos = length - 1
     lo = tl.maximum(length - window, 0)
     per = tl.cdiv(tl.cdiv(length - lo, num_splits), BLOCK_N) * BLOCK_N
@@ -311,7 +326,18 @@ def _decode_fused_kernel(
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     dk = d < D
-    t = tl.load(q_rows_ptr + b).to(tl.int64)  # the token's row in q/k/v and out
+    n_off = tl.arange(0, BLOCK_N)
+    # 1. the first block: in flight before q exists
+    tok = s0 + n_off
+    old = tok < s1
+    if ROPE:  # the new key is not in the cache yet: it comes from registers
+        old = old & (tok != pos)
+    kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, old, hk, d, PS, HKV, D)
+    k_blk = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0)
+    v_blk = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0)
+    if PDL:
+        gdc_wait()  # the projections' outputs are complete and visible from here
+    # 2. q (and the new k/v)
     mq = (g[:, None] < G) & (d[None, :] < D)
     qa = q_ptr + t * stride_q + (hk * G + g[:, None]) * D
     if ROPE:
@@ -328,34 +354,31 @@ def _decode_fused_kernel(
         k_new = (x * c1 + sign * xp * s1n).to(k_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty)
         v_new = tl.load(v_ptr + t * stride_v + hk * D + d, mask=dk, other=0.0)
         v_new = v_new.to(v_cache_ptr.dtype.element_ty)
-        if (pos >= s0) & (pos < s1):
-            page = tl.load(table_ptr + row * table_stride + pos // PS)
-            dst = (page.to(tl.int64) * PS + pos % PS) * (HKV * D) + hk * D + d
-            tl.store(k_cache_ptr + dst, k_new, mask=dk)
-            tl.store(v_cache_ptr + dst, v_new, mask=dk)
-        k_new = k_new.to(q.dtype)
-        v_new = v_new.to(q.dtype)
+        k_new_q = k_new.to(q.dtype)
+        v_new_q = v_new.to(q.dtype)
     else:
         q = tl.load(qa + d[None, :], mask=mq, other=0.0)
+    # 3. the split's partials
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    n_off = tl.arange(0, BLOCK_N)
     for start in range(s0, s1, BLOCK_N):
         tok = start + n_off
         valid = tok < s1
-        if ROPE:  # the new key is not in the cache yet (or not for certain): from registers
-            old = valid & (tok != pos)
-            kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, old, hk, d, PS, HKV, D)
-            k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-            v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+        # the next block's loads go out before this block is used
+        ntok = tok + BLOCK_N
+        nold = ntok < s1
+        if ROPE:
+            nold = nold & (ntok != pos)
+        n_kv_off, n_mkv = _kv_block(table_ptr, row, table_stride, ntok, nold, hk, d, PS, HKV, D)
+        k_nxt = tl.load(k_cache_ptr + n_kv_off, mask=n_mkv, other=0.0)
+        v_nxt = tl.load(v_cache_ptr + n_kv_off, mask=n_mkv, other=0.0)
+        k = k_blk.to(q.dtype)
+        v = v_blk.to(q.dtype)
+        if ROPE:
             new = (tok == pos)[:, None]
-            k = tl.where(new, k_new[None, :], k)
-            v = tl.where(new, v_new[None, :], v)
-        else:
-            kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
-            k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-            v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
+            k = tl.where(new, k_new_q[None, :], k)
+            v = tl.where(new, v_new_q[None, :], v)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -364,6 +387,8 @@ def _decode_fused_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
         m_i = m_new
+        k_blk = k_nxt
+        v_blk = v_nxt
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
@@ -371,6 +396,13 @@ def _decode_fused_kernel(
     base = (b.to(tl.int64) * H + hq) * split_stride
     tl.store(mid_o_ptr + (base + sp)[:, None] * D + d[None, :], out, mask=mq)
     tl.store(mid_lse_ptr + base + sp, lse, mask=g < G)
+    if ROPE:
+        if (pos >= s0) & (pos < s1):
+            page = tl.load(table_ptr + row * table_stride + pos // PS)
+            dst = (page.to(tl.int64) * PS + pos % PS) * (HKV * D) + hk * D + d
+            tl.store(k_cache_ptr + dst, k_new, mask=dk)
+            tl.store(v_cache_ptr + dst, v_new, mask=dk)
+    # 4. the merge, by the last split to finish
     tl.debug_barrier()  # every thread's partials are stored before the count is published
     cnt = count_ptr + b * HKV + hk
     done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
@@ -394,18 +426,35 @@ def _decode_fused_kernel(
         tl.atomic_xchg(cnt, 0)
 
 
+@functools.cache
+def _sm90_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled CUDA kernels (not the interpreter) on sm90+."""
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def decode_fused(
     q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, out: torch.Tensor, q_rows: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace, page_size: int,
     scale: float, window: int, rope_dim: int = 0, neox: bool = False, block_n: int | None = None,
-    num_warps: int = 4, num_stages: int = 2,
+    num_warps: int | None = None, pdl: bool = False,
 ) -> None:
     """``rope_write`` then ``decode_attention`` for a step of decoding sequences only (token
     ``q_rows[b]`` at position ``seq_lens[b] - 1``), in one launch: q, k, v are the projections'
     unrotated outputs [T, heads, D]; out[q_rows[b]] gets the attention. With k None, q is
     rotated and the cache written already (split attention and merge only). ``ws`` needs
-    ``count``."""
+    ``count``.
+
+    ``pdl`` (with RoPE only; ``pdl_supported``): launched as a programmatic dependent launch, the
+    kernel starts while the kernel before it finishes and reads its first cached keys before
+    waiting for it. The kernel before must then not write this layer's cache, the page table or
+    ``seq_lens`` / ``seq_rows`` / ``q_rows`` (in a model step it is the Q/K/V projection)."""
     b = seq_lens.shape[0]
     if b == 0:
         return
@@ -421,8 +470,13 @@ def decode_fused(
     hkv = k_cache.shape[1]
     if block_n is None:
         block_n = 128 if d <= 64 and b * hkv >= 128 else 64
+    block_d = triton.next_power_of_2(d)
+    if num_warps is None:  # a block and its successor in registers: 4 warps up to 8K elements a block
+        num_warps = 4 if block_n * block_d <= 8192 else 8
     g = h // hkv
     assert ws.count is not None and ws.count.shape[1] == hkv
+    pdl = pdl and rope and pdl_supported(q.device)
+    extra = {"launch_pdl": True} if pdl else {}
     _decode_fused_kernel[(b, hkv, ws.num_splits)](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin,
         q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
@@ -430,8 +484,8 @@ def decode_fused(
         ws.mid_lse.shape[2],
         H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=max(rope_dim, 2), NEOX=neox, ROPE=rope,
         BLOCK_G=max(16, triton.next_power_of_2(g)), GP=triton.next_power_of_2(g),
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits),
-        PREC=_precision(q), num_warps=num_warps, num_stages=num_stages,
+        BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits),
+        PREC=_precision(q), PDL=pdl, num_warps=num_warps, num_stages=1, **extra,
     )
 
 
