@@ -8,10 +8,13 @@ bandwidth measured in the same run (the weight-bytes roofline).
     python bench/quant_cuda.py                     # needs CUDA
     python bench/quant_cuda.py --rows 1,4,8 --sweep   # also try the GEMV configurations
 
-``--sweep`` times every (columns per program, warps, programs per SM) of a small grid at batch 1
-for one kernel (``--sweep-act``) and prints the best per tensor next to the default
+The int8 columns: ``triton_q8`` (a group a loop step) and ``triton_q8_tile`` (a tile of groups
+a step, the default). ``--sweep`` times every configuration of a small grid at batch 1 for one
+kernel (``--sweep-act``: tile, int8 or float; for tile: columns a program, warps, code words a
+column a step, programs a multiprocessor) and prints the best per tensor next to the default
 configuration, then the three best of batch 1 and the default again at 4 batch rows;
-``--best FILE`` keeps the best per tensor for ``KVSERVE_GEMV_TUNING``.
+``--best FILE`` keeps the best per tensor (``KVSERVE_GEMV_TILE_TUNING`` for tile,
+``KVSERVE_GEMV_TUNING`` for the others).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from common import print_conditions, print_table  # noqa: E402
 from engine import copy_bandwidth  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from kvserve.model.quant import cuda_linear, cuda_pack, triton_gemv, triton_q8  # noqa: E402
+from kvserve.model.quant import cuda_linear, cuda_pack, triton_gemv, triton_q8, triton_q8_tile  # noqa: E402
 from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
 from kvserve.model.synth import random_kquant  # noqa: E402
 
@@ -76,18 +79,30 @@ def random_pack(qtype: Q, n: int, k: int, rng: np.random.Generator) -> cuda_pack
 
 
 GRID = [(1, 1), (1, 2), (2, 2), (4, 1), (4, 2), (8, 2), (8, 4)]  # (warps, 16-byte loads a thread per row)
+# the tiled kernel: (columns a program, warps) × code words a column a loop step × programs an SM
+TILE_GRID = [(128, 1), (256, 2), (512, 4)]
+TILE_WORDS = (16, 32)
+TILE_PROGRAMS = (2, 4, 8, 16)
+
+
+def configs(act: str) -> list:
+    if act == "tile":
+        return [triton_q8_tile.TileConfig(bn, warps, programs, words) for bn, warps in TILE_GRID
+                for words in TILE_WORDS for programs in TILE_PROGRAMS]
+    return [triton_gemv.Config(128 * warps * reps, warps, programs, 1) for warps, reps in GRID
+            for programs in (2, 8, 16)]
 
 
 def sweep(p: cuda_pack.Packed, k: int, act: str) -> dict:
-    """Every configuration of the grid at batch 1 (the GEMV kernel alone: the int8 kernel's
+    """Every configuration of the grid at batch 1 (the GEMV kernel alone: the int8 kernels'
     activations quantized beforehand); the 3 best and the default at 4 rows."""
     copies = [p] + [p._replace(q=p.q.clone(), gw=p.gw.clone(), sw=None if p.sw is None else p.sw.clone())
                     for _ in range(n_copies(p.nbytes) - 1)]
-    mod = triton_q8 if act == "int8" else triton_gemv
+    mod = {"int8": triton_q8, "tile": triton_q8_tile, "float": triton_gemv}[act]
 
-    def t_of(cfg: triton_gemv.Config, m: int) -> float:
+    def t_of(cfg, m: int) -> float:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        xin = triton_q8.quantize_x(x) if act == "int8" else x
+        xin = triton_q8.quantize_x(x) if act != "float" else x
         out = torch.empty((m, p.n), dtype=x.dtype, device=x.device)
         try:
             return time_us([lambda c=c: mod.gemv(xin, c, out, cfg=cfg) for c in copies])
@@ -95,11 +110,7 @@ def sweep(p: cuda_pack.Packed, k: int, act: str) -> dict:
             print(f"  {tuple(cfg)} at {m} rows: {type(e).__name__}: {str(e)[:200]}")
             return float("inf")
 
-    res = []
-    for warps, reps in GRID:
-        for programs in (2, 8, 16):
-            cfg = triton_gemv.Config(128 * warps * reps, warps, programs, 1)
-            res.append((t_of(cfg, 1), cfg))
+    res = [(t_of(cfg, 1), cfg) for cfg in configs(act)]
     res.sort(key=lambda r: r[0])
     d1 = mod.default_config(p, 1)
     at4 = sorted([(t_of(c, 4), c) for _, c in res[:3]], key=lambda r: r[0])
@@ -111,10 +122,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,4,8")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--kernels", default="float,int8,tile",
+                   help="the table's quantized kernels: float, int8 (a group a step), tile (int8, tiled)")
     p.add_argument("--dump", help="write every sweep timing to this JSON file")
     p.add_argument("--best", help="write the best configuration at batch 1 per tensor (by weight bytes) "
                                   "to this JSON file (for KVSERVE_GEMV_TUNING)")
-    p.add_argument("--sweep-act", default="int8", choices=["int8", "float"], help="the kernel --sweep times")
+    p.add_argument("--sweep-act", default="tile", choices=["tile", "int8", "float"],
+                   help="the kernel --sweep times (int8: the group-a-step kernel, tile: the tiled one)")
     args = p.parse_args()
     dump: dict[str, list] = {}
     bw = copy_bandwidth(torch.device("cuda"))
@@ -127,12 +141,37 @@ def main() -> int:
                   "(>= 256 MiB together, so that each call reads from memory, not from the 50 MB L2)"})
     rng = np.random.default_rng(0)
     rows, sweep_rows = [], []
-    segs: list[tuple[str, cuda_pack.Packed, int]] = []  # swept after the table
-    tot = {"float": 0.0, "int8": 0.0, "bf16": 0.0}
+    kinds_q = (("float", "float", "group"), ("int8", "int8", "group"), ("tile", "int8", "tile"))
+    chosen = args.kernels.split(",")
+    tot = {"float": 0.0, "int8": 0.0, "tile": 0.0, "bf16": 0.0}
     best: dict[int, tuple] = {}
     dev = torch.device("cuda")
-    for name, members, k in LAYERS:
-        packs = [random_pack(q, n, k, rng) for q, n in members]
+    layers = [(name, members, k, [random_pack(q, n, k, rng) for q, n in members]) for name, members, k in LAYERS]
+    if args.sweep:  # first, so that the table below runs each tensor's best configuration
+        for name, members, k, packs in layers:
+            for s in CudaQuantLinear(packs, None, dev).segments:
+                pk = s.packed()
+                r = sweep(pk, k, args.sweep_act)
+                best[pk.nbytes] = tuple(r["best"][1])
+                if args.best:
+                    with open(args.best, "w") as fh:
+                        json.dump(best, fh)
+                mb = pk.nbytes / 2**20
+                (t_d, d), (t, cfg), (t_d4, _), (t4, cfg4) = r["default"], r["best"], r["default4"], r["best4"]
+                sweep_rows.append([name, f"{pk.bits}-bit gs{pk.gs}", f"{pk.n}x{pk.k}", f"{mb:.1f}",
+                                   str(tuple(d)), t_d, str(tuple(cfg)), t, pk.nbytes / (t * 1e-6) / bw,
+                                   t_d4, str(tuple(cfg4)), t4])
+                print("sweep", sweep_rows[-1], "top 5:", r["all"][:5], flush=True)
+                dump[f"{name} {pk.bits}-bit {pk.n}x{pk.k} {pk.nbytes}"] = r["all"]
+                if args.dump:
+                    with open(args.dump, "w") as fh:
+                        json.dump(dump, fh)
+        tuned = {"tile": triton_q8_tile, "int8": triton_q8}.get(args.sweep_act)
+        if tuned is not None:
+            cls = triton_q8_tile.TileConfig if args.sweep_act == "tile" else triton_gemv.Config
+            tuned.TUNING.update({nb: cls(*c) for nb, c in best.items()})
+            print(f"the table below runs the {args.sweep_act} kernel's best configuration per tensor\n")
+    for name, members, k, packs in layers:
         mod = CudaQuantLinear(packs, None, dev)
         w = mod.dequantized_t(torch.bfloat16).t().contiguous()  # bf16 twin, row-major as the dense path
         qb = mod.weight_bytes()
@@ -144,8 +183,11 @@ def main() -> int:
             expect = x.float() @ w.float().T
             t_b = time_us([lambda wc=wc: F.linear(x, wc) for wc in ws])
             row: list = [name, kinds, f"{w.shape[0]}x{k}", m]
-            for act in ("float", "int8"):
-                cuda_linear.ACTIVATIONS = act
+            for act, acts, kern in kinds_q:
+                if act not in chosen:
+                    row += ["-"] * 3
+                    continue
+                cuda_linear.ACTIVATIONS, cuda_linear.KERNEL = acts, kern
                 err = ((mod(x).float() - expect).abs().max() / expect.abs().max()).item()
                 t_q = time_us([lambda md=md: md(x) for md in mods])
                 if m == 1:
@@ -154,35 +196,18 @@ def main() -> int:
             if m == 1:
                 tot["bf16"] += t_b * PER_TOKEN.get(name, 32)
             rows.append(row + [t_b, w.nbytes / (t_b * 1e-6) / bw, t_b / t_q])
-        segs.extend((name, s.packed(), k) for s in mod.segments)
         del w, ws, mod, mods
     print_table(["layer", "formats", "shape", "rows", "float-x µs", "float-x / roofline", "float-x max rel err",
-                 "int8-x µs", "int8-x / roofline", "int8-x max rel err", "bf16 µs", "bf16 / roofline",
-                 "bf16 / int8-x"], rows, digits=2)
+                 "int8-x µs", "int8-x / roofline", "int8-x max rel err", "int8-x tiled µs", "tiled / roofline",
+                 "tiled max rel err", "bf16 µs", "bf16 / roofline", "bf16 / tiled"], rows, digits=2)
     print("\n32 layers + head at batch 1, linear layers only: "
           + ", ".join(f"{a} {t / 1e3:.3f} ms/token ({1e6 / t:.0f} tok/s bound)" for a, t in
-                      (("quant float-x", tot["float"]), ("quant int8-x", tot["int8"]), ("bf16", tot["bf16"])))
+                      (("quant float-x", tot["float"]), ("quant int8-x", tot["int8"]),
+                       ("quant int8-x tiled", tot["tile"]), ("bf16", tot["bf16"])) if t > 0)
           + "\n", flush=True)
-    if args.sweep:
-        for name, pk, k in segs:
-            r = sweep(pk, k, args.sweep_act)
-            best[pk.nbytes] = tuple(r["best"][1])
-            if args.best:
-                with open(args.best, "w") as fh:
-                    json.dump(best, fh)
-            mb = pk.nbytes / 2**20
-            (t_d, d), (t, cfg), (t_d4, _), (t4, cfg4) = r["default"], r["best"], r["default4"], r["best4"]
-            sweep_rows.append([name, f"{pk.bits}-bit gs{pk.gs}", f"{pk.n}x{pk.k}", f"{mb:.1f}",
-                               str(tuple(d)), t_d, str(tuple(cfg)), t, pk.nbytes / (t * 1e-6) / bw,
-                               t_d4, str(tuple(cfg4)), t4])
-            print("sweep", sweep_rows[-1], "top 5:", r["all"][:5], flush=True)
-            dump[f"{name} {pk.bits}-bit {pk.n}x{pk.k} {pk.nbytes}"] = r["all"]
-            if args.dump:
-                with open(args.dump, "w") as fh:
-                    json.dump(dump, fh)
     if sweep_rows:
-        print(f"sweep of the {args.sweep_act}-activation kernel\n")
-        print_table(["layer", "layout", "shape", "MiB", "default (bn, warps, programs, stages)", "default µs",
+        print(f"sweep of the {args.sweep_act} kernel\n")
+        print_table(["layer", "layout", "shape", "MiB", "default configuration", "default µs",
                      "best at 1 row", "best µs", "best / roofline", "default µs, 4 rows",
                      "best at 4 rows (of the 3 best at 1)", "µs"], sweep_rows, digits=2)
     return 0

@@ -9,7 +9,9 @@ it every segment is dequantized into one bf16 matrix for a cuBLAS GEMM (prefill)
 The GEMV's activations (``KVSERVE_GEMV_ACTIVATIONS``): ``int8`` (the default) quantizes x once
 per module to int8 blocks of 32 as llama.cpp's CUDA backend does (``triton_q8``: integer dot
 products, about a quarter of the float32 kernel's instructions per weight); ``float`` keeps x
-in float32 (``triton_gemv``: the dequantized weights applied exactly). With int8 activations
+in float32 (``triton_gemv``: the dequantized weights applied exactly). The int8 GEMV
+(``KVSERVE_GEMV_KERNEL``) loads a tile of groups a loop step (``triton_q8_tile``, the default)
+or one group a step (``triton_q8``). With int8 activations
 the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
 down), so that a decode layer launches no quantizer of its own for them.
@@ -24,13 +26,18 @@ import torch
 from torch import nn
 
 from .. import norm_kernel
-from . import triton_gemv, triton_q8
+from . import triton_gemv, triton_q8, triton_q8_tile
 from .cuda_pack import Packed, cat
 
 GEMV_MAX_ROWS = 8
 ACTIVATIONS = os.environ.get("KVSERVE_GEMV_ACTIVATIONS", "int8")
 if ACTIVATIONS not in ("int8", "float"):
     raise ValueError(f"KVSERVE_GEMV_ACTIVATIONS={ACTIVATIONS!r}: int8 or float")
+# ``KVSERVE_GEMV_KERNEL``: the int8 GEMV with a tile of groups a loop step (``triton_q8_tile``,
+# ``tile``) or one group a step (``triton_q8``, ``group``)
+KERNEL = os.environ.get("KVSERVE_GEMV_KERNEL", "tile")
+if KERNEL not in ("tile", "group"):
+    raise ValueError(f"KVSERVE_GEMV_KERNEL={KERNEL!r}: tile or group")
 # ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
 PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -114,7 +121,8 @@ class CudaQuantLinear(nn.Module):
 
     def _segment_q8(self, xq: triton_q8.QuantX, s: _Segment, y: torch.Tensor) -> None:
         b = None if self.bias is None else self.bias[s.col : s.col + s.n]
-        triton_q8.gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
+        gemv = triton_q8_tile.gemv if KERNEL == "tile" else triton_q8.gemv
+        gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
 
     def _fusable(self, x: torch.Tensor) -> bool:
         return (ACTIVATIONS == "int8" and x.dim() == 2 and (x.is_cuda or triton_gemv._INTERPRET)

@@ -1,0 +1,234 @@
+"""The int8-activation GEMV of ``triton_q8`` with a tile of groups per loop step (Triton, CUDA).
+
+Same layout (``cuda_pack``), same arithmetic: per group and output column the exact integer
+Σ u·q of ``dp4a`` over the group's code words, then ``scale · d · Σ u·q + (offset − zero·scale)
+· Σ x``. What differs is how much a program asks of memory at a time: ``triton_q8`` loads one
+group (4–8 code words a column) per step of its K loop and waits for it before it asks for the
+next; here a step loads ``G`` consecutive groups at once — a [G, words a group, BN] tile of code
+words, their [G, BN] scale words and the super-block word: 16-byte loads, all of them issued
+before any is used — so each thread has up to 512 bytes in flight instead of 64. The whole tile
+lies in the registers of the threads of its columns (every reduction over groups and words is
+inside a thread), the activations are broadcast loads as in ``triton_q8``. The float32 terms of
+a tile are summed over its groups before they join the column's sum: the same terms as
+``triton_q8``, added in another order (within float32 rounding of it; both are tested
+against ``triton_q8.reference``).
+
+K slices and the completion count as in ``triton_gemv``; a slice is a run of whole tiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from .cuda_pack import SUPER, Packed
+from .triton_gemv import _INTERPRET, _counters, _f16, _finish, _int, _meta, _sms
+from .triton_q8 import QuantX, _dot4
+
+_SUPER = tl.constexpr(SUPER)
+
+
+class TileConfig(NamedTuple):
+    bn: int  # output columns per program: 4 per thread (one 16-byte load) × 32 × warps × repeats
+    warps: int
+    programs: int  # aim for about this many programs per multiprocessor (sets the K split)
+    words: int  # code words per column per loop step (the tile: words / words a group groups)
+    stages: int = 1  # software-pipelining depth of the K loop
+
+
+@triton.jit
+def _tile_scale(gw, sw, half, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
+                SIGNED: tl.constexpr, SUB: tl.constexpr):
+    """``triton_gemv._scale`` on a tile of groups: ``half`` [G, 1] says which half of a SUB = 2
+    entry a group is."""
+    if TWO_LEVEL:
+        if SUB == 2:
+            q = tl.where(half, _int(gw, True, SIGNED), _int(gw, False, SIGNED))
+        else:
+            q = _int(gw, False, SIGNED)
+        s = _f16(sw, False) * q
+        o = -ZERO * s
+        if HAS_O:
+            o += _f16(sw, True) * _int(gw, True, SIGNED)
+    else:
+        s = _f16(gw, False)
+        o = -ZERO * s
+        if HAS_O:
+            o += _f16(gw, True)
+    return s, o
+
+
+@triton.jit
+def _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m, grp, gok, M, stride_qm, stride_dm, stride_sm,
+              BITS: tl.constexpr, GS: tl.constexpr, G: tl.constexpr, WPG: tl.constexpr, BN: tl.constexpr):
+    """Σ over the tile's groups of scale·d·Σ u·q + offset'·Σ x, per column, for batch row m."""
+    XPG: tl.constexpr = GS // 4  # activation words (4 int8 codes each) per group
+    ok = gok & (m < M)
+    wi = tl.arange(0, WPG)
+    shape: tl.constexpr = (G, WPG, BN)
+    if BITS == 4:  # low nibbles pair with x word 2w of the group, high nibbles with 2w + 1
+        xi = grp[:, None] * XPG + 2 * wi[None, :]
+        xlo = tl.load(xq_ptr + m * stride_qm + xi, mask=ok[:, None], other=0)
+        xhi = tl.load(xq_ptr + m * stride_qm + xi + 1, mask=ok[:, None], other=0)
+        dot = _dot4(words & 0x0F0F0F0F, tl.broadcast_to(xlo[:, :, None], shape), tl.zeros(shape, dtype=tl.int32))
+        dot = _dot4((words >> 4) & 0x0F0F0F0F, tl.broadcast_to(xhi[:, :, None], shape), dot)
+    else:
+        xi = grp[:, None] * XPG + wi[None, :]
+        xw = tl.load(xq_ptr + m * stride_qm + xi, mask=ok[:, None], other=0)
+        dot = _dot4(words, tl.broadcast_to(xw[:, :, None], shape), tl.zeros(shape, dtype=tl.int32))
+    d = tl.sum(dot, axis=1)  # [G, BN]: Σ u·q per group, exact
+    xd = tl.load(xd_ptr + m * stride_dm + (grp * GS) // 32, mask=ok, other=0.0)
+    xs = tl.load(xs_ptr + m * stride_sm + (grp * GS) // 16, mask=ok, other=0.0)
+    if GS == 32:
+        xs += tl.load(xs_ptr + m * stride_sm + (grp * GS) // 16 + 1, mask=ok, other=0.0)
+    return tl.sum(sc * (xd[:, None] * d.to(tl.float32)) + off * xs[:, None], axis=0)
+
+
+@triton.jit
+def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
+               stride_qm, stride_dm, stride_sm, stride_ym, STEPS, S,
+               BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+               HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+               STAGES: tl.constexpr, SB: tl.constexpr):
+    """NG groups along K; K slice ``program_id(2)`` runs ``STEPS`` tiles of ``G`` groups."""
+    WPG: tl.constexpr = GS * BITS // 32  # code words per group and column
+    pid_m = tl.program_id(0)
+    m0 = pid_m * BM
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    nmask = rn < N
+    gi = tl.arange(0, G)
+    wi = tl.arange(0, WPG)
+    a0 = tl.zeros((BN,), dtype=tl.float32)
+    a1 = tl.zeros((BN,), dtype=tl.float32)
+    a2 = tl.zeros((BN,), dtype=tl.float32)
+    a3 = tl.zeros((BN,), dtype=tl.float32)
+    for t in tl.range(0, STEPS, num_stages=STAGES):
+        g0 = (tl.program_id(2) * STEPS + t) * G
+        grp = g0 + gi  # [G]
+        gok = grp < NG
+        row = grp[:, None] * WPG + wi[None, :]  # [G, WPG]: word rows of the tile
+        words = tl.load(q_ptr + row[:, :, None] * N + rn[None, None, :],
+                        mask=gok[:, None, None] & nmask[None, None, :], other=0)
+        smask = gok[:, None] & nmask[None, :]
+        gw = tl.load(gw_ptr + (grp // SUB)[:, None] * N + rn[None, :], mask=smask, other=0)
+        sw = gw
+        if TWO_LEVEL:
+            if G * GS <= _SUPER:  # a tile never crosses a super-block (tiles are aligned)
+                sw = tl.load(sw_ptr + ((g0 * GS) // _SUPER) * N + rn, mask=nmask & (g0 < NG), other=0)[None, :]
+            else:
+                sw = tl.load(sw_ptr + ((grp * GS) // _SUPER)[:, None] * N + rn[None, :], mask=smask, other=0)
+        sc, off = _tile_scale(gw, sw, (grp % 2 == 1)[:, None], ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB)
+        a0 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
+                        stride_sm, BITS, GS, G, WPG, BN)
+        if BM > 1:
+            a1 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 1, grp, gok, M, stride_qm, stride_dm,
+                            stride_sm, BITS, GS, G, WPG, BN)
+        if BM > 2:
+            a2 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 2, grp, gok, M, stride_qm, stride_dm,
+                            stride_sm, BITS, GS, G, WPG, BN)
+            a3 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 3, grp, gok, M, stride_qm, stride_dm,
+                            stride_sm, BITS, GS, G, WPG, BN)
+    _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
+            HAS_BIAS, BM, BN, SPLIT, SB)
+
+
+# One body, two entry points (the interpreter takes loop bounds only as compile-time constants)
+@triton.jit
+def _tile_kernel(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
+                 stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
+                 BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                 HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+                 STAGES: tl.constexpr, SB: tl.constexpr):
+    _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
+               stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB)
+
+
+@triton.jit
+def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
+                       stride_qm, stride_dm, stride_sm, stride_ym, steps: tl.constexpr, S: tl.constexpr,
+                       BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                       HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+                       STAGES: tl.constexpr, SB: tl.constexpr):
+    _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
+               stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB)
+
+
+# The sweep of ``bench/quant_cuda.py --sweep`` at batch 1 on an H200 over the Llama-3-8B Q4_K_M
+# tensors (4.6-572 MiB, 4- and 8-bit codes): one warp of 128 columns a program, 32 code words a
+# column a loop step (8 groups of Q4_K, half a super-block of Q6_K), K split to about 8
+# programs a multiprocessor, within 1.5 % of each tensor's best everywhere. By weight bytes, the
+# first entry whose bound exceeds the tensor's (None: any size).
+CONFIGS: list[tuple[int | None, TileConfig]] = [(None, TileConfig(128, 1, 8, 32))]
+
+
+def _tuning() -> dict[int, TileConfig]:
+    """``KVSERVE_GEMV_TILE_TUNING``: a JSON file {weight bytes: [bn, warps, programs, words,
+    stages]}, as ``bench/quant_cuda.py --sweep --best FILE`` writes it for this kernel."""
+    path = os.environ.get("KVSERVE_GEMV_TILE_TUNING")
+    if not path:
+        return {}
+    with open(path) as f:
+        return {int(k): TileConfig(*v) for k, v in json.load(f).items()}
+
+
+TUNING = _tuning()
+
+
+def default_config(p: Packed, m: int) -> TileConfig:
+    cfg = TUNING.get(p.nbytes)
+    if cfg is not None:
+        return cfg
+    return next(c for below, c in CONFIGS if below is None or p.nbytes < below)
+
+
+def groups_of(p: Packed, cfg: TileConfig, m: int) -> int:
+    """Groups a loop step: ``cfg.words`` code words a column at one batch row, fewer with more
+    rows (each row's dot products are a tile of int32 too), at least one group."""
+    wpg = p.gs * p.bits // 32
+    assert cfg.words & (cfg.words - 1) == 0, "words a step: a power of 2"
+    bm = min(4, triton.next_power_of_2(m))
+    return max(1, cfg.words // wpg // bm)
+
+
+def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = None,
+         cfg: TileConfig | None = None) -> torch.Tensor:
+    """out [M, n] (a view with unit column stride) = the GEMV of ``xq`` (``quantize_x``) by Wᵀ, + bias."""
+    m = xq.q.shape[0]
+    assert xq.q.shape[1] * 4 == p.k and out.shape == (m, p.n) and out.stride(1) == 1
+    cfg = cfg or default_config(p, m)
+    g = groups_of(p, cfg, m)
+    ng = p.k // p.gs
+    tiles = triton.cdiv(ng, g)
+    blocks = triton.cdiv(p.n, cfg.bn)
+    want = max(1, min(tiles, (cfg.programs * _sms(out.device)) // blocks))
+    steps = triton.cdiv(tiles, want)
+    splits = triton.cdiv(tiles, steps)
+    bm = min(4, triton.next_power_of_2(m))
+    grid = (triton.cdiv(m, bm), blocks, splits)  # batch blocks first: they share weights in L2
+    sw = p.sw if p.sw is not None else p.gw
+    bias_t = bias if bias is not None else out
+    if splits > 1:
+        part = torch.empty((splits, m, p.n), dtype=torch.float32, device=out.device)
+        # counters for up to 8 batch rows at once: a module's GEMVs at every decode batch size
+        # (each captured in its own graph) share one counter tensor, never reallocated
+        cnt = _counters(p, max(2, grid[0]) * grid[1])
+    else:
+        part, cnt = out, p.gw  # not read
+    # SB: the last slice sums 16 slices' partials a round (one compilation for any split)
+    kernel = _tile_kernel_const if _INTERPRET else _tile_kernel
+    kernel[grid](xq.q, xq.d, xq.s, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, ng,
+                 xq.q.stride(0), xq.d.stride(0), xq.s.stride(0), out.stride(0), steps, splits,
+                 HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, G=g, SPLIT=splits > 1, STAGES=cfg.stages,
+                 SB=16, num_warps=cfg.warps, **_meta(p))
+    return out
+

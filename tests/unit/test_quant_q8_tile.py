@@ -1,0 +1,80 @@
+"""The tiled int8-activation GEMV (``triton_q8_tile``) under Triton's interpreter on the CPU
+(compiled on a GPU): equal to ``triton_q8``'s torch reference (exact integer dot products) for
+every layout, batch rows, tile sizes, K slices and masked edges; the module runs it by default."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+# the interpreter switch, the skips without a GPU or interpreter, the device and the packer
+from .test_quant_triton import DEV, packed
+
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+
+from kvserve.model.quant import triton_gemv as T  # noqa: E402
+from kvserve.model.quant import triton_q8 as Q8  # noqa: E402
+from kvserve.model.quant import triton_q8_tile as QT  # noqa: E402
+from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
+
+CASES = [(Q.Q4_K, 80, 512), (Q.Q6_K, 72, 512), (Q.Q4_0, 33, 96), (Q.Q8_0, 17, 160), (Q.Q5_K, 20, 256),
+         (Q.Q4_1, 24, 64), (Q.Q5_0, 9, 96), (Q.Q5_1, 12, 64)]
+# (batch rows, config): one K slice; tiles past the end of K (masked groups) and K slices of
+# unequal length; 3 rows in one batch block (fewer groups a step); 9 rows (a second block)
+RUNS = [(1, QT.TileConfig(64, 2, 0, 32)), (1, QT.TileConfig(32, 1, 2, 8)), (3, QT.TileConfig(64, 2, 1, 32)),
+        (9, QT.TileConfig(128, 4, 0, 16))]
+
+
+@pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda c: getattr(c, "name", str(c)))
+def test_tiled_gemv_equals_the_reference(qtype, n, k):
+    p = packed(qtype, n, k, seed=11)
+    gen = torch.Generator().manual_seed(4)
+    for i, (m, cfg) in enumerate(RUNS):
+        x = torch.randn(m, k, generator=gen).to(DEV)
+        bias = torch.randn(n, generator=gen).to(DEV)
+        xq = Q8.quantize_x(x)
+        y = QT.gemv(xq, p, torch.empty(m, n, device=DEV), bias=bias, cfg=cfg)
+        expect = Q8.reference(xq, p) + bias
+        assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item()), (m, cfg)
+        if i > 1:
+            continue
+        # the group-at-a-time kernel: the same terms summed in another order
+        old = Q8.gemv(xq, p, torch.empty(m, n, device=DEV), bias=bias, cfg=T.Config(64, 2, 0))
+        assert torch.allclose(y, old, rtol=1e-5, atol=1e-5 * old.abs().max().item()), (m, cfg)
+
+
+def test_tiled_split_gemv_resets_its_counters():
+    p = packed(Q.Q4_K, 16, 1024, seed=8)
+    xq = Q8.quantize_x(torch.randn(2, 1024).to(DEV))
+    cfg = QT.TileConfig(16, 1, 2, 8)
+    one = QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg._replace(programs=0))
+    first = QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg)
+    assert torch.allclose(first, one, rtol=1e-5, atol=1e-4)
+    assert int(T._counters(p, 1).abs().sum()) == 0
+    assert torch.equal(QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg), first)
+
+
+def test_groups_a_step_shrink_with_batch_rows():
+    p4, p8 = packed(Q.Q4_K, 8, 256), packed(Q.Q8_0, 8, 256)
+    cfg = QT.TileConfig(128, 1, 4, 32)
+    assert [QT.groups_of(p4, cfg, m) for m in (1, 2, 3, 4, 8)] == [8, 4, 2, 2, 2]
+    assert [QT.groups_of(p8, cfg, m) for m in (1, 2, 4)] == [4, 2, 1]
+
+
+@pytest.mark.parametrize("kernel", ["tile", "group"])
+def test_module_runs_the_kernel_asked_for(monkeypatch, kernel):
+    k = 256
+    packs = [packed(q, n, k, seed=i) for i, (q, n) in enumerate([(Q.Q4_K, 32), (Q.Q6_K, 16)])]
+    mod = CudaQuantLinear(packs, None, DEV)
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "int8")
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.KERNEL", kernel)
+    calls = []
+    target = QT if kernel == "tile" else Q8
+    real = target.gemv
+    monkeypatch.setattr(target, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x = torch.randn(2, k, device=DEV)
+    xq = Q8.quantize_x(x)
+    expect = torch.cat([Q8.reference(xq, p) for p in packs], dim=1)
+    y = mod(x)
+    assert len(calls) == 2  # one launch a segment
+    assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item())
