@@ -1,5 +1,6 @@
 """The native block kernels (``quant.native``, ``qmm.c``): against a numpy reference of the same
-arithmetic (activation blocks, exact per-block integer dots, float32 accumulation in block order),
+arithmetic (activation blocks, exact per-block integer dots, float32 accumulation in block order;
+Q4_1 and Q8_0 as ggml's x86 vec_dot kernels: 8 float lanes of 4 codes each, summed at the end),
 against gguf's dequantizer and a float32 matmul, batch invariance, and every instruction-set path
 bit-identical to the scalar one."""
 
@@ -14,6 +15,7 @@ from gguf.quants import dequantize as np_dequantize
 from kvserve.model.quant import native
 from kvserve.model.quant.groups import _k_scales, to_groups
 
+from . import ggml_numpy as G
 from .test_quant import random_blocks
 
 _BUILT = native.available()
@@ -83,7 +85,31 @@ def fma32(a, b, c):
     return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
 
 
+def ref_lanes(qtype: Q, x: np.ndarray, raw: np.ndarray, n: int) -> np.ndarray:
+    """ggml_vec_dot_q4_1_q8_1 / ggml_vec_dot_q8_0_q8_0 (arch/x86/quants.c, AVX2 and up): lane j
+    of 8 is Σ codes 4j..4j+3 · activation codes (exact), acc_j = fma(dx·dy, lane_j, acc_j) over
+    the blocks in order, Q4_1's summs = fma(mx, sy, summs) (gcc contracts it); hsum_float_8(acc)
+    (+ summs). Exact fma (G.fma32): these are compared bit for bit."""
+    m, k = x.shape
+    q, dy, sy, _ = ref_quantize(qtype, x)
+    c, fields, _ = ref_weights(qtype, raw, n, k)
+    c = c - (128 if qtype == Q.Q8_0 else 0)  # Q8_0: the signed weights
+    acc = np.zeros((m, n, 8), f32)
+    summs = np.zeros((m, n), f32)
+    for b in range(c.shape[1]):
+        lanes = np.einsum("mjl,njl->mnj", q[:, b].reshape(m, 8, 4), c[:, b].reshape(n, 8, 4))
+        d = (fields[None, :, b, 0] * dy[:, None, b]).astype(f32)
+        acc = G.fma32(np.broadcast_to(d[..., None], acc.shape), lanes.astype(f32), acc)
+        if qtype == Q.Q4_1:
+            summs = G.fma32(np.broadcast_to(fields[None, :, b, 1], summs.shape),
+                            np.broadcast_to(sy[:, None, b], summs.shape), summs)
+    h = G.hsum8(acc)
+    return (h + summs).astype(f32) if qtype == Q.Q4_1 else h
+
+
 def ref_matmul(qtype: Q, x: np.ndarray, raw: np.ndarray, n: int) -> np.ndarray:
+    if qtype in (Q.Q4_1, Q.Q8_0):
+        return ref_lanes(qtype, x, raw, n)
     m, k = x.shape
     q, dy, sy, sums = ref_quantize(qtype, x)
     c, fields, sub = ref_weights(qtype, raw, n, k)
@@ -152,7 +178,10 @@ def test_kernel_matches_reference_arithmetic(qtype):
     ref = ref_matmul(qtype, x.numpy(), raw, n)
     for isa in ISAS:
         y = native.matmul(qtype, x, w, isa=isa).numpy()
-        assert _ulps(y, ref) <= 1, (native.isa_name(isa), np.abs(y - ref).max())
+        if qtype in (Q.Q4_1, Q.Q8_0):  # ggml's lanes: bit for bit
+            assert np.array_equal(y.view(np.int32), ref.view(np.int32)), native.isa_name(isa)
+        else:
+            assert _ulps(y, ref) <= 1, (native.isa_name(isa), np.abs(y - ref).max())
 
 
 @pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)

@@ -140,6 +140,15 @@ static inline void k_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn) {
 
 #define INLINE static inline __attribute__((always_inline))
 
+/* Formats whose float side is ggml's x86 vec_dot lanes (qmm.c): Q4_1 × Q8_1 and Q8_0 × Q8_0 */
+static inline int lane_fmt(int fmt) { return fmt == F_Q4_1 || fmt == F_Q8_0; }
+
+/* ggml's hsum_float_8: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)) */
+static inline float hsum8(const float *a) {
+    const float r0 = a[4] + a[0], r1 = a[5] + a[1], r2 = a[6] + a[2], r3 = a[7] + a[3];
+    return (r0 + r2) + (r1 + r3);
+}
+
 #ifdef QMM_X86
 #define T_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")))

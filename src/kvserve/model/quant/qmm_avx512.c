@@ -54,7 +54,97 @@ void quantize_row_K_512(const float *x, int64_t k, actK *out) {
 
 #define DOT32_512(fmt, c, q) dot_u8s8_512(c, q)
 T_AVX512 INLINE void cols_512(const int fmt, TILE_ARGS) { COLS_BODY(codes32_512, codesK_512, DOT32_512, 0, f16_pairs_512) }
-SPECIALIZE(tile_512_cols, cols_512, T_AVX512)
+SPECIALIZE(tile_512_cols_std, cols_512, T_AVX512)
+
+/* ---- ggml's vec_dot lanes (Q4_1, Q8_0; qmm_scalar.c's tile_lanes_scalar): two columns in the
+ * halves of a vector, lane j of a half = codes 4j..4j+3 of that column's block (one VNNI dot of
+ * unsigned codes and the signed activation codes), acc = fma(dx·dy, lane, acc) per half; 8
+ * columns × LR rows per tile ---- */
+
+#define LR 4
+
+/* 64 unsigned codes: column a's block in the low half, column b's in the high half (Q8_0: the
+ * signed weights + 128) */
+T_AVX512 INLINE __m512i lane_codes_512(const int fmt, const uint8_t *wa, const uint8_t *wb) {
+    if (fmt == F_Q8_0) {
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(wa + 2))),
+                                             _mm256_loadu_si256((const __m256i *)(wb + 2)), 1);
+        return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
+    }
+    const __m128i xa = _mm_loadu_si128((const __m128i *)(wa + 4)), xb = _mm_loadu_si128((const __m128i *)(wb + 4));
+    __m512i v = _mm512_castsi128_si512(xa);
+    v = _mm512_inserti32x4(v, xa, 1);
+    v = _mm512_inserti32x4(v, xb, 2);
+    v = _mm512_inserti32x4(v, xb, 3);
+    v = _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)); /* 16-byte chunks 1, 3: high nibbles */
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+
+T_AVX512 INLINE void lanes_512(const int fmt, TILE_ARGS) {
+    const int64_t nb = K / 32, bb = BLOCK_BYTES[fmt];
+    const __m512i zero = _mm512_setzero_si512(), u128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t n = n0; n < n1; n += 8) {
+        const int nc = n1 - n < 8 ? (int)(n1 - n) : 8;
+        const uint8_t *col[8];
+        for (int j = 0; j < 8; j++) col[j] = W + (n + (j < nc ? j : nc - 1)) * rb; /* pad: repeat the last */
+        for (int64_t mm = m0; mm < m1; mm += LR) {
+            const int mr = m1 - mm < LR ? (int)(m1 - mm) : LR;
+            __m512 acc[LR][4];
+            __m256 sm[LR];
+            for (int r = 0; r < LR; r++) {
+                sm[r] = _mm256_setzero_ps();
+                for (int p = 0; p < 4; p++) acc[r][p] = _mm512_setzero_ps();
+            }
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t off = b * bb;
+                if (mm == m0) { /* the next columns' bytes, a slice per block (as the column tiles) */
+                    const uint8_t *pf = W + (n + 8 * PF_GROUPS) * rb + 8 * off;
+                    for (int l = 0; l < 8 * bb; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
+                }
+                __m512i wc[4];
+                __m512 dxp[4];
+                _Alignas(32) float mx[8];
+                for (int p = 0; p < 4; p++) {
+                    const uint8_t *wa = col[2 * p] + off, *wb = col[2 * p + 1] + off;
+                    wc[p] = lane_codes_512(fmt, wa, wb);
+                    dxp[p] = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(rd16(wa))), _mm256_set1_ps(_cvtsh_ss(rd16(wb))), 1);
+                    if (fmt == F_Q4_1) {
+                        mx[2 * p] = _cvtsh_ss(rd16(wa + 2));
+                        mx[2 * p + 1] = _cvtsh_ss(rd16(wb + 2));
+                    }
+                }
+                const __m256 mxv = fmt == F_Q4_1 ? _mm256_load_ps(mx) : _mm256_setzero_ps();
+                for (int r = 0; r < mr; r++) {
+                    const act32 *a = (const act32 *)act + (mm + r) * nb + b;
+                    const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)a->q));
+                    const __m512 dy = _mm512_set1_ps(a->d);
+                    /* Q8_0: codes + 128, so each lane starts at −128 · (its four activation codes) */
+                    const __m512i s0 = fmt == F_Q8_0 ? _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128, q)) : zero;
+                    for (int p = 0; p < 4; p++)
+                        acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(dxp[p], dy),
+                                                    _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s0, wc[p], q)), acc[r][p]);
+                    if (fmt == F_Q4_1) sm[r] = _mm256_fmadd_ps(mxv, _mm256_set1_ps(a->s), sm[r]);
+                }
+            }
+            for (int r = 0; r < mr; r++) {
+                _Alignas(64) float o[4][16];
+                _Alignas(32) float sv[8];
+                for (int p = 0; p < 4; p++) _mm512_store_ps(o[p], acc[r][p]);
+                _mm256_store_ps(sv, sm[r]);
+                for (int j = 0; j < nc; j++) {
+                    const float h = hsum8(&o[j / 2][8 * (j & 1)]);
+                    y[(mm + r) * ldy + n + j] = fmt == F_Q4_1 ? h + sv[j] : h;
+                }
+            }
+        }
+    }
+}
+
+T_AVX512 void tile_512_cols(int fmt, TILE_ARGS) {
+    if (fmt == F_Q4_1) lanes_512(F_Q4_1, TILE_PASS);
+    else if (fmt == F_Q8_0) lanes_512(F_Q8_0, TILE_PASS);
+    else tile_512_cols_std(fmt, TILE_PASS);
+}
 
 /* ---- AVX-512 VNNI row tiles: 16 rows in the lanes of a vector, weights broadcast ---- */
 

@@ -140,8 +140,39 @@ static inline float dK(int fmt, const uint8_t *w) { return f16_to_f32(rd16(fmt =
 
 /* ---- scalar reference ---- */
 
+/* ggml_vec_dot_q4_1_q8_1 / _q8_0_q8_0 (x86, AVX2 and up): lane j of 8 sums codes 4j..4j+3 of each
+ * block (an exact int32), acc_j = fma(dx·dy, lane_j, acc_j) over the blocks in order; Q4_1 also
+ * summs = fma(mx, sy, summs); y = hsum8(acc) + summs */
+static void tile_lanes_scalar(int fmt, TILE_ARGS) {
+    const int64_t nb = K / 32;
+    uint8_t c[32];
+    for (int64_t n = n0; n < n1; n++) {
+        for (int64_t m = m0; m < m1; m++) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, summs = 0.f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *w = W + n * rb + b * BLOCK_BYTES[fmt];
+                const act32 *a = (const act32 *)act + m * nb + b;
+                codes_32(fmt, w, c);
+                const int z = fmt == F_Q8_0 ? 128 : 0;
+                const float d = f16_to_f32(rd16(w)) * a->d;
+                for (int j = 0; j < 8; j++) {
+                    int32_t s = 0;
+                    for (int i = 4 * j; i < 4 * j + 4; i++) s += (c[i] - z) * a->q[i];
+                    acc[j] = fmaf(d, (float)s, acc[j]);
+                }
+                if (fmt == F_Q4_1) summs = fmaf(f16_to_f32(rd16(w + 2)), a->s, summs);
+            }
+            y[m * ldy + n] = fmt == F_Q4_1 ? hsum8(acc) + summs : hsum8(acc); /* Q8_0: no + 0 (−0 stays) */
+        }
+    }
+}
+
 void tile_scalar(int fmt, const uint8_t *W, int64_t rb, int64_t n0, int64_t n1, const void *act,
                         int64_t m0, int64_t m1, int64_t K, float *y, int64_t ldy) {
+    if (lane_fmt(fmt)) {
+        tile_lanes_scalar(fmt, TILE_PASS);
+        return;
+    }
     const int64_t nb = K / BLOCK_W[fmt];
     const int z = ZERO_OF[fmt];
     uint8_t c[256];
