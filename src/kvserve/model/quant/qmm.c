@@ -49,7 +49,7 @@ static void qmm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *W,
     const int64_t bw = at == A_Q8_K ? 256 : 32, nb = K / bw, rb = nb * BLOCK_BYTES[fmt];
     const size_t abytes = at == A_Q8_K ? sizeof(actK) : sizeof(act32);
     const size_t xbytes = at == A_Q8_K ? sizeof(actKx16) : sizeof(act32x16);
-    const int64_t groups = isa >= ISA_AVX512 && !lane_fmt(fmt) ? M / 16 : 0; /* lane formats: column tiles only */
+    const int64_t groups = isa >= ISA_AVX512 ? M / 16 : 0;
     void *act = aligned_alloc(64, ((size_t)(M * nb * abytes) + 63) / 64 * 64 + 64);
     void *actx = groups ? aligned_alloc(64, (size_t)(groups * nb) * xbytes + 64) : NULL;
     const int64_t nchunks = (N + COL_CHUNK - 1) / COL_CHUNK;
@@ -75,7 +75,8 @@ static void qmm(int fmt, const float *x, int64_t M, int64_t K, const uint8_t *W,
             const int64_t mrest = 16 * groups;
 #ifdef QMM_X86
             if (isa == ISA_AMX) {
-                if (groups) tile_amx_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);
+                if (groups && lane_fmt(fmt)) tile_512_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);
+                else if (groups) tile_amx_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);
                 if (mrest < M) tile_512_cols(fmt, W, rb, n0, n1, act, mrest, M, K, y, ldy);
             } else if (isa >= ISA_AVX512) {
                 if (groups) tile_512_rows(fmt, W, rb, n0, n1, actx, 0, groups, K, y, ldy);

@@ -71,22 +71,36 @@ T_AVX512 INLINE __m512i lane_codes_512(const int fmt, const uint8_t *wa, const u
                                              _mm256_loadu_si256((const __m256i *)(wb + 2)), 1);
         return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     }
-    const __m128i xa = _mm_loadu_si128((const __m128i *)(wa + 4)), xb = _mm_loadu_si128((const __m128i *)(wb + 4));
-    __m512i v = _mm512_castsi128_si512(xa);
-    v = _mm512_inserti32x4(v, xa, 1);
-    v = _mm512_inserti32x4(v, xb, 2);
-    v = _mm512_inserti32x4(v, xb, 3);
+    const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(wa + 4))),
+                                               _mm_loadu_si128((const __m128i *)(wb + 4)), 1);
+    __m512i v = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), _mm512_castsi256_si512(ab));
     v = _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)); /* 16-byte chunks 1, 3: high nibbles */
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
+}
+
+/* hsum_float_8 of each half: lane 0 = the low half's, lane 8 = the high half's (the same
+ * additions: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))) */
+T_AVX512 INLINE __m512 hsum8_halves(__m512 a) {
+    a = _mm512_add_ps(a, _mm512_shuffle_f32x4(a, a, _MM_SHUFFLE(2, 3, 0, 1)));
+    a = _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm512_add_ps(a, _mm512_permute_ps(a, _MM_SHUFFLE(2, 3, 0, 1)));
 }
 
 T_AVX512 INLINE void lanes_512(const int fmt, TILE_ARGS) {
     const int64_t nb = K / 32, bb = BLOCK_BYTES[fmt];
     const __m512i zero = _mm512_setzero_si512(), u128 = _mm512_set1_epi8((char)0x80);
+    const __m512i pair_idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i pick2 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 24, 16, 8, 0);
+    const __m512i pick4 = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 19, 18, 17, 16, 3, 2, 1, 0);
     for (int64_t n = n0; n < n1; n += 8) {
         const int nc = n1 - n < 8 ? (int)(n1 - n) : 8;
         const uint8_t *col[8];
-        for (int j = 0; j < 8; j++) col[j] = W + (n + (j < nc ? j : nc - 1)) * rb; /* pad: repeat the last */
+        _Alignas(32) int32_t cidx[8];
+        for (int j = 0; j < 8; j++) {
+            col[j] = W + (n + (j < nc ? j : nc - 1)) * rb; /* pad: repeat the last */
+            cidx[j] = (int32_t)((j < nc ? j : nc - 1) * rb);
+        }
+        const __m256i vidx = _mm256_load_si256((const __m256i *)cidx);
         for (int64_t mm = m0; mm < m1; mm += LR) {
             const int mr = m1 - mm < LR ? (int)(m1 - mm) : LR;
             __m512 acc[LR][4];
@@ -101,19 +115,15 @@ T_AVX512 INLINE void lanes_512(const int fmt, TILE_ARGS) {
                     const uint8_t *pf = W + (n + 8 * PF_GROUPS) * rb + 8 * off;
                     for (int l = 0; l < 8 * bb; l += 64) _mm_prefetch((const char *)pf + l, _MM_HINT_T0);
                 }
+                __m256 dx, mx;
+                f16_pairs_512(col[0] + off, vidx, &dx, &mx); /* Q8_0: mx is its first codes, unused */
+                const __m512 dx16 = _mm512_castps256_ps512(dx);
                 __m512i wc[4];
                 __m512 dxp[4];
-                _Alignas(32) float mx[8];
                 for (int p = 0; p < 4; p++) {
-                    const uint8_t *wa = col[2 * p] + off, *wb = col[2 * p + 1] + off;
-                    wc[p] = lane_codes_512(fmt, wa, wb);
-                    dxp[p] = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(rd16(wa))), _mm256_set1_ps(_cvtsh_ss(rd16(wb))), 1);
-                    if (fmt == F_Q4_1) {
-                        mx[2 * p] = _cvtsh_ss(rd16(wa + 2));
-                        mx[2 * p + 1] = _cvtsh_ss(rd16(wb + 2));
-                    }
+                    wc[p] = lane_codes_512(fmt, col[2 * p] + off, col[2 * p + 1] + off);
+                    dxp[p] = _mm512_permutexvar_ps(_mm512_add_epi32(pair_idx, _mm512_set1_epi32(2 * p)), dx16);
                 }
-                const __m256 mxv = fmt == F_Q4_1 ? _mm256_load_ps(mx) : _mm256_setzero_ps();
                 for (int r = 0; r < mr; r++) {
                     const act32 *a = (const act32 *)act + (mm + r) * nb + b;
                     const __m512i q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)a->q));
@@ -123,18 +133,15 @@ T_AVX512 INLINE void lanes_512(const int fmt, TILE_ARGS) {
                     for (int p = 0; p < 4; p++)
                         acc[r][p] = _mm512_fmadd_ps(_mm512_mul_ps(dxp[p], dy),
                                                     _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s0, wc[p], q)), acc[r][p]);
-                    if (fmt == F_Q4_1) sm[r] = _mm256_fmadd_ps(mxv, _mm256_set1_ps(a->s), sm[r]);
+                    if (fmt == F_Q4_1) sm[r] = _mm256_fmadd_ps(mx, _mm256_set1_ps(a->s), sm[r]);
                 }
             }
             for (int r = 0; r < mr; r++) {
-                _Alignas(64) float o[4][16];
-                _Alignas(32) float sv[8];
-                for (int p = 0; p < 4; p++) _mm512_store_ps(o[p], acc[r][p]);
-                _mm256_store_ps(sv, sm[r]);
-                for (int j = 0; j < nc; j++) {
-                    const float h = hsum8(&o[j / 2][8 * (j & 1)]);
-                    y[(mm + r) * ldy + n + j] = fmt == F_Q4_1 ? h + sv[j] : h;
-                }
+                const __m512 h01 = _mm512_permutex2var_ps(hsum8_halves(acc[r][0]), pick2, hsum8_halves(acc[r][1]));
+                const __m512 h23 = _mm512_permutex2var_ps(hsum8_halves(acc[r][2]), pick2, hsum8_halves(acc[r][3]));
+                __m256 h = _mm512_castps512_ps256(_mm512_permutex2var_ps(h01, pick4, h23)); /* columns 0..7 */
+                if (fmt == F_Q4_1) h = _mm256_add_ps(h, sm[r]);
+                _mm256_mask_storeu_ps(y + (mm + r) * ldy + n, (__mmask8)((1u << nc) - 1), h);
             }
         }
     }
@@ -277,9 +284,70 @@ T_AVX512 INLINE void rows1_512(const int fmt, ROWS_ARGS) { ROWS_BODY(1) }
     default: IMPL(F_Q6_K, W, rb, n0, n1, actx, g0, K, y, ldy); break;                                    \
     }
 
+/* ggml's vec_dot lanes (Q4_1, Q8_0) for 16 rows in the lanes of a vector: lane accumulator j of
+ * a column is one vector (16 rows), fed by the VNNI dot of the column's codes 4j..4j+3 (broadcast)
+ * with the rows' codes 4j..4j+3; the 8 accumulators summed as hsum_float_8 sums its lanes */
+#define NTL 2
+T_AVX512 INLINE void lanes_rows_512(const int fmt, ROWS_ARGS) {
+    const int64_t nb = K / 32, bb = BLOCK_BYTES[fmt];
+    const int nc = (int)(n1 - n0);
+    const act32x16 *A = (const act32x16 *)actx + g0 * nb;
+    const uint8_t *col[NTL];
+    for (int j = 0; j < NTL; j++) col[j] = W + (n0 + (j < nc ? j : nc - 1)) * rb;
+    __m512 acc[NTL][8], sacc[NTL];
+    for (int j = 0; j < NTL; j++) {
+        sacc[j] = _mm512_setzero_ps();
+        for (int k = 0; k < 8; k++) acc[j][k] = _mm512_setzero_ps();
+    }
+    const __m512i zero = _mm512_setzero_si512(), u128 = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const act32x16 *a = &A[b];
+        const int64_t off = b * bb;
+        const __m512 dy = _mm512_loadu_ps(a->d);
+        _Alignas(64) int32_t s0[8][16]; /* Q8_0: −128 · each row's codes 4k..4k+3 (codes + 128 below) */
+        if (fmt == F_Q8_0)
+            for (int k = 0; k < 8; k++)
+                _mm512_store_si512((void *)s0[k], _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128,
+                                                                   _mm512_load_si512((const void *)a->q[k]))));
+        for (int j = 0; j < NTL; j++) {
+            const uint8_t *w = col[j] + off;
+            _Alignas(32) int32_t c4[8];
+            _mm256_store_si256((__m256i *)c4, codes32_512(fmt, w)); /* Q8_0: + 128 */
+            const __m512 d = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(rd16(w))), dy);
+            for (int k = 0; k < 8; k++) {
+                const __m512i init = fmt == F_Q8_0 ? _mm512_load_si512((const void *)s0[k]) : zero;
+                const __m512i sk = _mm512_dpbusd_epi32(init, _mm512_set1_epi32(c4[k]),
+                                                       _mm512_load_si512((const void *)a->q[k]));
+                acc[j][k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sk), acc[j][k]);
+            }
+            if (fmt == F_Q4_1)
+                sacc[j] = _mm512_fmadd_ps(_mm512_set1_ps(_cvtsh_ss(rd16(w + 2))), _mm512_loadu_ps(a->s), sacc[j]);
+        }
+    }
+    for (int j = 0; j < nc; j++) {
+        __m512 *v = acc[j];
+        __m512 h = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                 _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+        if (fmt == F_Q4_1) h = _mm512_add_ps(h, sacc[j]);
+        _Alignas(64) float o[16];
+        _mm512_store_ps(o, h);
+        for (int i = 0; i < 16; i++) y[(16 * g0 + i) * ldy + n0 + j] = o[i];
+    }
+}
+
 /* row groups [g0, g1) × columns [n0, n1) */
 T_AVX512 void tile_512_rows(int fmt, const uint8_t *W, int64_t rb, int64_t n0_, int64_t n1_,
                                    const void *actx, int64_t g0_, int64_t g1, int64_t K, float *y, int64_t ldy) {
+    if (lane_fmt(fmt)) {
+        for (int64_t n0 = n0_; n0 < n1_; n0 += NTL) {
+            const int64_t n1 = n0 + NTL < n1_ ? n0 + NTL : n1_;
+            for (int64_t g0 = g0_; g0 < g1; g0++) {
+                if (fmt == F_Q4_1) lanes_rows_512(F_Q4_1, W, rb, n0, n1, actx, g0, K, y, ldy);
+                else lanes_rows_512(F_Q8_0, W, rb, n0, n1, actx, g0, K, y, ldy);
+            }
+        }
+        return;
+    }
     for (int64_t n0 = n0_; n0 < n1_; n0 += NT) {
         const int64_t n1 = n0 + NT < n1_ ? n0 + NT : n1_;
         int64_t g0 = g0_;
