@@ -6,11 +6,20 @@
  * scaled by the blocks' scales and accumulated over the blocks of a row in order, in float32.
  * Every y[m, n] is computed by the same operations in the same order whatever M, the tiling, the
  * thread count or the instruction set (scalar, AVX2, AVX-512 VNNI, AMX): qmm_scalar.c's functions
- * are the reference, the SIMD ones compute the same integers and the same float operations.
+ * are the reference, the SIMD ones compute the same integers and the same float operations
+ * (Q4_1 and Q8_0 never take the AMX tiles: a tile's dot sums 64 codes, the lanes need 4).
  *
  * Per block (dx, mx, dmin: the weight block's f16 fields; dy, sy, bs: the activation block's):
- *   Q4_0, Q5_0, Q8_0   s = Σ c·q − z·Σq (z = 8, 16, 128; c the unsigned code)   acc = fma(dx·dy, s, acc)
- *   Q4_1, Q5_1         s = Σ c·q           acc = fma(dx·dy, s, acc); acc = fma(mx, sy, acc)
+ *   Q4_1, Q8_0         ggml's x86 vec_dot (ggml_vec_dot_q4_1_q8_1, _q8_0_q8_0; the kernels
+ *                      llama.cpp's CPU backend runs for these formats on an AVX2 / AVX-512
+ *                      machine, for one row and for prompt batches alike: no repacking, no
+ *                      llamafile sgemm for Q4_1; Q8_0's sgemm only takes batches of ≥ 2 rows,
+ *                      and the output head sees one row per sequence): 8 float lanes, lane j =
+ *                      Σ c·q over codes 4j..4j+3 (c signed for Q8_0), acc_j = fma(dx·dy, lane_j,
+ *                      acc_j); Q4_1: summs = fma(mx, sy, summs); y = hsum_float_8(acc) (+ summs),
+ *                      hsum = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+ *   Q4_0, Q5_0         s = Σ c·q − z·Σq (z = 8, 16; c the unsigned code)     acc = fma(dx·dy, s, acc)
+ *   Q5_1               s = Σ c·q           acc = fma(dx·dy, s, acc); acc = fma(mx, sy, acc)
  *   Q4_K, Q5_K         s = Σ_j sc_j Σ c·q, t = Σ_j mn_j (bs_2j + bs_2j+1)
  *                      acc = fma(dx·dy, s, acc); acc = fma(−dmin·dy, t, acc)
  *   Q6_K               s = Σ_j sc_j (Σ c·q − 32·bs_j)                        acc = fma(dx·dy, s, acc)

@@ -71,10 +71,10 @@ T_AVX512 INLINE __m512i lane_codes_512(const int fmt, const uint8_t *wa, const u
                                              _mm256_loadu_si256((const __m256i *)(wb + 2)), 1);
         return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80));
     }
-    const __m256i ab = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(wa + 4))),
-                                               _mm_loadu_si128((const __m128i *)(wb + 4)), 1);
-    __m512i v = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), _mm512_castsi256_si512(ab));
-    v = _mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)); /* 16-byte chunks 1, 3: high nibbles */
+    /* [qa, qa, qb, qb] by broadcasting loads, then 16-byte chunks 1 and 3 shifted to the high nibbles */
+    __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(wa + 4))),
+                                            0xFF00, _mm_loadu_si128((const __m128i *)(wb + 4)));
+    v = _mm512_mask_srli_epi16(v, 0xFF00FF00u, v, 4);
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0F));
 }
 
