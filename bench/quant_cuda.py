@@ -73,9 +73,10 @@ def n_copies(nbytes: int) -> int:
     return max(1, min(16, -(-256 * 2**20 // nbytes)))
 
 
-def random_pack(qtype: Q, n: int, k: int, rng: np.random.Generator) -> cuda_pack.Packed:
+def random_pack(qtype: Q, n: int, k: int, rng: np.random.Generator,
+                q6_planes: bool = False) -> cuda_pack.Packed:
     raw = torch.from_numpy(random_kquant(rng, (n, k), qtype, 0.05)).cuda()
-    return cuda_pack.pack(raw, qtype, k)
+    return cuda_pack.pack(raw, qtype, k, q6_planes=q6_planes)
 
 
 GRID = [(1, 1), (1, 2), (2, 2), (4, 1), (4, 2), (8, 2), (8, 4)]  # (warps, 16-byte loads a thread per row)
@@ -122,6 +123,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1,4,8")
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--q6-planes", action="store_true",
+                   help="Q6_K as 6-bit codes in two planes (7.125 bits a weight; the tiled kernel only)")
     p.add_argument("--kernels", default="float,int8,tile",
                    help="the table's quantized kernels: float, int8 (a group a step), tile (int8, tiled)")
     p.add_argument("--dump", help="write every sweep timing to this JSON file")
@@ -136,7 +139,8 @@ def main() -> int:
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "copy bandwidth (measured)": f"{bw / 1e12:.2f} TB/s",
         "bytes": "Q4_K 5.125 bits/weight (4-bit codes, 6-bit sub-scales/mins and f16 super-scales "
-                 "in int32 words); Q6_K 9.125 (8-bit codes, i8 sub-scales, f16 super-scale)",
+                 "in int32 words); Q6_K " + ("7.125 (6-bit codes in two planes" if args.q6_planes else
+                                             "9.125 (8-bit codes") + ", i8 sub-scales, f16 super-scale)",
         "timing": "CUDA-graph replay, mean per call; calls cycle through copies of the weights "
                   "(>= 256 MiB together, so that each call reads from memory, not from the 50 MB L2)"})
     rng = np.random.default_rng(0)
@@ -146,7 +150,8 @@ def main() -> int:
     tot = {"float": 0.0, "int8": 0.0, "tile": 0.0, "bf16": 0.0}
     best: dict[int, tuple] = {}
     dev = torch.device("cuda")
-    layers = [(name, members, k, [random_pack(q, n, k, rng) for q, n in members]) for name, members, k in LAYERS]
+    layers = [(name, members, k, [random_pack(q, n, k, rng, args.q6_planes) for q, n in members])
+              for name, members, k in LAYERS]
     if args.sweep:  # first, so that the table below runs each tensor's best configuration
         for name, members, k, packs in layers:
             for s in CudaQuantLinear(packs, None, dev).segments:

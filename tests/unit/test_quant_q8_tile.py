@@ -12,6 +12,7 @@ from .test_quant_triton import DEV, packed
 
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
+from kvserve.model.quant import cuda_pack as P  # noqa: E402
 from kvserve.model.quant import triton_gemv as T  # noqa: E402
 from kvserve.model.quant import triton_q8 as Q8  # noqa: E402
 from kvserve.model.quant import triton_q8_tile as QT  # noqa: E402
@@ -78,3 +79,53 @@ def test_module_runs_the_kernel_asked_for(monkeypatch, kernel):
     y = mod(x)
     assert len(calls) == 2  # one launch a segment
     assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item())
+
+
+def test_q6_k_planes_keep_the_file_s_information():
+    from gguf.quants import dequantize as np_dequantize
+
+    from .test_quant import random_blocks
+
+    n, k = 24, 512
+    raw = random_blocks(Q.Q6_K, n, k, seed=5)
+    p = P.pack(torch.from_numpy(raw), Q.Q6_K, k, q6_planes=True)
+    assert p.bits == 6 and p.q.shape == (k * 3 // 16, n) and p.nbytes * 8 / (n * k) == 7.125
+    assert torch.equal(P.reference(p), torch.from_numpy(np_dequantize(raw, Q.Q6_K)))
+    assert torch.equal(P.codes(p), P.codes(P.pack(torch.from_numpy(raw), Q.Q6_K, k)))
+    # word 2 of group 0 of row 0: the high 2 bits, byte b bits 2j … holding column 4j + b
+    hw, u = int(p.q[2, 0]) & 0xFFFFFFFF, P.codes(p)[0]
+    high = [(hw >> (8 * (c % 4) + 2 * (c // 4))) & 3 for c in range(16)]
+    assert high == [int(u[c]) >> 4 for c in range(16)]
+
+
+def test_tiled_gemv_and_dequantize_read_q6_k_planes():
+    from .test_quant import random_blocks
+
+    raw = torch.from_numpy(random_blocks(Q.Q6_K, 72, 512, seed=6)).to(DEV)
+    p = P.pack(raw, Q.Q6_K, 512, q6_planes=True)
+    assert torch.equal(T.dequantize_t(p, dtype=torch.float32).t(), P.reference(p))
+    gen = torch.Generator().manual_seed(5)
+    for m, cfg in RUNS[:3]:
+        xq = Q8.quantize_x(torch.randn(m, 512, generator=gen).to(DEV))
+        y = QT.gemv(xq, p, torch.empty(m, 72, device=DEV), cfg=cfg)
+        expect = Q8.reference(xq, p)
+        assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item()), (m, cfg)
+
+
+def test_module_runs_q6_k_planes_on_the_tiled_kernel_whatever_the_switches(monkeypatch):
+    from .test_quant import random_blocks
+
+    k = 256
+    raw = torch.from_numpy(random_blocks(Q.Q6_K, 16, k, seed=2)).to(DEV)
+    packs = [packed(Q.Q4_K, 32, k, seed=1), P.pack(raw, Q.Q6_K, k, q6_planes=True)]
+    mod = CudaQuantLinear(packs, None, DEV)
+    x = torch.randn(2, k, device=DEV)
+    xq = Q8.quantize_x(x)
+    expect = torch.cat([Q8.reference(xq, p) for p in packs], dim=1)
+    for acts, kernel in (("int8", "group"), ("float", "tile")):
+        monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", acts)
+        monkeypatch.setattr("kvserve.model.quant.cuda_linear.KERNEL", kernel)
+        y = mod(x)
+        assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item()), (acts, kernel)
+    w = mod.dequantized_t(torch.float32).t()  # prefill's dequantized weights: exact
+    assert torch.equal(w, torch.cat([P.reference(p) for p in packs]))

@@ -77,10 +77,11 @@ def linear(
         return QuantLinear([GGUFGroups.of(w.data, w.qtype, w.shape, w.release) for w in weights], bias)
     if path == "cuda-quant":
         from . import cuda_pack
-        from .cuda_linear import CudaQuantLinear  # imports triton: only on CUDA
+        from .cuda_linear import CudaQuantLinear, q6_planes  # imports triton: only on CUDA
 
         assert device is not None
-        packs = [cuda_pack.pack(_raw_on(w, device), w.qtype, w.shape[1]) for w in weights]
+        planes = q6_planes()
+        packs = [cuda_pack.pack(_raw_on(w, device), w.qtype, w.shape[1], q6_planes=planes) for w in weights]
         return CudaQuantLinear(packs, bias, device)
     mats = [dequantize(w.data, w.qtype, w.shape) for w in weights]
     dtype = torch.float32 if all(w.qtype == Q.F32 for w in weights) else torch.bfloat16

@@ -38,6 +38,16 @@ if ACTIVATIONS not in ("int8", "float"):
 KERNEL = os.environ.get("KVSERVE_GEMV_KERNEL", "tile")
 if KERNEL not in ("tile", "group"):
     raise ValueError(f"KVSERVE_GEMV_KERNEL={KERNEL!r}: tile or group")
+# ``KVSERVE_Q6K_PLANES=1``: Q6_K weights packed as 6-bit codes in two planes (7.125 bits a weight
+# instead of 9.125; ``cuda_pack``), which only the tiled kernel reads: with the int8 tiled GEMV only
+Q6K_PLANES = os.environ.get("KVSERVE_Q6K_PLANES", "0") == "1"
+
+
+def q6_planes() -> bool:
+    """Whether the loader packs Q6_K in planes (``cuda_pack.pack(..., q6_planes=...)``)."""
+    return Q6K_PLANES and ACTIVATIONS == "int8" and KERNEL == "tile"
+
+
 # ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
 PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -121,7 +131,7 @@ class CudaQuantLinear(nn.Module):
 
     def _segment_q8(self, xq: triton_q8.QuantX, s: _Segment, y: torch.Tensor) -> None:
         b = None if self.bias is None else self.bias[s.col : s.col + s.n]
-        gemv = triton_q8_tile.gemv if KERNEL == "tile" else triton_q8.gemv
+        gemv = triton_q8_tile.gemv if KERNEL == "tile" or s.bits == 6 else triton_q8.gemv
         gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
 
     def _fusable(self, x: torch.Tensor) -> bool:
@@ -149,7 +159,8 @@ class CudaQuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).contiguous()
         m = x2.shape[0]
-        if m <= GEMV_MAX_ROWS and ACTIVATIONS == "int8":
+        planes = any(s.bits == 6 for s in self.segments)  # read by the int8 tiled GEMV only
+        if m <= GEMV_MAX_ROWS and (ACTIVATIONS == "int8" or planes):
             return self._q8(triton_q8.quantize_x(x2), x.dtype).view(*x.shape[:-1], self.out_features)
         if m <= GEMV_MAX_ROWS:
             y = torch.empty((m, self.out_features), dtype=x.dtype, device=x.device)

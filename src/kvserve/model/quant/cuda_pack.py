@@ -30,6 +30,12 @@ Layout, K-major so that a GEMV program reads every tensor as rows of consecutive
     gw  int32 [k/gs/sub, n]    per group: low 16 bits d (f16 bits) or sc, high 16 bits m or mn;
                                Q6_K (sub = 2): the i8 sc of two consecutive groups
     sw  int32 [k/256, n]       two_level only: low 16 bits D, high 16 bits Dm (f16 bits)
+
+Q6_K in planes (``pack(..., q6_planes=True)``, ``bits`` 6, 7.125 bits a weight instead of 9.125;
+only ``triton_q8_tile`` and the dequantize kernel read it): per group of 16 three words, the
+low 4 bits of the codes in the 4-bit layout (words 0 and 1) and their high 2 bits in word 2,
+byte b bits 2j … 2j+1 holding column 4j + b, so that ``(word >> 2j) & 0x03030303`` pairs with
+the 4 activations of x-word j; u = low + 16 · high.
 """
 
 from __future__ import annotations
@@ -212,9 +218,32 @@ def _halves(lo: torch.Tensor | None, hi: torch.Tensor | None) -> torch.Tensor:
 ROW_CHUNK = 2048  # rows decoded at a time: temporaries stay bounded for any tensor
 
 
-def pack(raw: torch.Tensor, qtype: Q, k: int) -> Packed:
-    """Raw GGUF bytes of one tensor, u8 [n, bytes per row] (on any device) → ``Packed`` there."""
+def _words6(u: torch.Tensor) -> torch.Tensor:
+    """6-bit codes [n, k] (groups of 16) → int32 words [3k/16, n] in the planes of the docstring."""
+    n, k = u.shape
+    v = u.view(n, k // 16, 16).to(torch.int64)
+    lo = _words((v & 15).reshape(n, k).to(torch.uint8), 4, 16).t().reshape(n, k // 16, 2)
+    c = torch.arange(16, device=u.device, dtype=torch.int64)
+    hi = ((v >> 4) << (8 * (c % 4) + 2 * (c // 4))).sum(dim=2, keepdim=True)  # < 2**32
+    w = torch.cat([lo.to(torch.int64) & 0xFFFFFFFF, hi], dim=2).reshape(n, k * 3 // 16)
+    return _i32(w).t().contiguous()
+
+
+def _codes6(p: Packed) -> torch.Tensor:
+    """``codes`` of the 6-bit planes."""
+    w = (p.q.t().reshape(p.n, p.k // 16, 3).to(torch.int64) & 0xFFFFFFFF)
+    lo_words = w[:, :, :2].reshape(p.n, -1)
+    lo = codes(p._replace(q=_i32(lo_words).t().contiguous(), bits=4)).view(p.n, p.k // 16, 16).to(torch.int64)
+    c = torch.arange(16, device=p.q.device, dtype=torch.int64)
+    hi = (w[:, :, 2:3] >> (8 * (c % 4) + 2 * (c // 4))) & 3
+    return (lo | (hi << 4)).reshape(p.n, p.k).to(torch.uint8)
+
+
+def pack(raw: torch.Tensor, qtype: Q, k: int, q6_planes: bool = False) -> Packed:
+    """Raw GGUF bytes of one tensor, u8 [n, bytes per row] (on any device) → ``Packed`` there
+    (``q6_planes``: Q6_K as 6-bit codes in two planes)."""
     bits, gs, zero, bb, bw = FORMATS[qtype]
+    planes = q6_planes and qtype == Q.Q6_K
     sub = 2 if qtype == Q.Q6_K else 1
     n = raw.shape[0]
     chunks = []
@@ -226,13 +255,16 @@ def pack(raw: torch.Tensor, qtype: Q, k: int) -> Packed:
         o = None if o is None else o.reshape(r, -1)
         gw = _halves(s[:, 0::2], s[:, 1::2]) if sub == 2 else _halves(s, o)
         sw = None if d is None else _halves(d.reshape(r, -1), None if dm is None else dm.reshape(r, -1))
-        chunks.append(Packed(_words(u.reshape(r, k), bits, gs), gw, sw, bits, gs, zero, o is not None,
-                             s.dtype == torch.int8, sub))
+        q = _words6(u.reshape(r, k)) if planes else _words(u.reshape(r, k), bits, gs)
+        chunks.append(Packed(q, gw, sw, 6 if planes else bits, gs, zero, o is not None, s.dtype == torch.int8,
+                             sub))
     return cat(chunks)
 
 
 def codes(p: Packed) -> torch.Tensor:
     """u8 codes [n, k] in column order (the inverse of the word layout)."""
+    if p.bits == 6:
+        return _codes6(p)
     cpw, wpg = 32 // p.bits, p.gs * p.bits // 32
     w = p.q.t().reshape(p.n, p.k // p.gs, wpg, 1).to(torch.int64) & 0xFFFFFFFF
     shifts = (torch.arange(cpw, device=p.q.device, dtype=torch.int64) * p.bits).view(1, 1, 1, cpw)

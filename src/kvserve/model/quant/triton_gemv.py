@@ -275,16 +275,30 @@ def _dequant_kernel(q_ptr, gw_ptr, sw_ptr, w_ptr, N, stride_wk,
             s = _f16(gw, False)
             o = _f16(gw, True)
         grp = e * SUB + j
-        for w in tl.static_range(WPG):
-            word = tl.load(q_ptr + (grp * WPG + w) * N + rn, mask=nmask, other=0)
-            for i in tl.static_range(CPW):
-                u = ((word >> (BITS * i)) & MASK) | MAGIC
-                c = u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)
-                v = c * s
-                if HAS_O:
-                    v = v + o
-                k = grp * GS + _kpos(w, i, BITS)
-                tl.store(w_ptr + k * stride_wk + rn, v.to(w_ptr.dtype.element_ty), mask=nmask)
+        if BITS == 6:  # Q6_K in planes (cuda_pack): low 4 bits in words 0-1, high 2 bits in word 2
+            w0 = tl.load(q_ptr + (grp * 3) * N + rn, mask=nmask, other=0)
+            w1 = tl.load(q_ptr + (grp * 3 + 1) * N + rn, mask=nmask, other=0)
+            hw = tl.load(q_ptr + (grp * 3 + 2) * N + rn, mask=nmask, other=0)
+            for c in tl.static_range(16):
+                if c < 8:
+                    wd = w0
+                else:
+                    wd = w1
+                i = 2 * ((c % 8) % 4) + (c % 8) // 4  # the 4-bit slot of column c % 8
+                u = ((wd >> (4 * i)) & 15) | (((hw >> (8 * (c % 4) + 2 * (c // 4))) & 3) << 4) | MAGIC
+                v = (u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)) * s
+                tl.store(w_ptr + (grp * GS + c) * stride_wk + rn, v.to(w_ptr.dtype.element_ty), mask=nmask)
+        else:
+            for w in tl.static_range(WPG):
+                word = tl.load(q_ptr + (grp * WPG + w) * N + rn, mask=nmask, other=0)
+                for i in tl.static_range(CPW):
+                    u = ((word >> (BITS * i)) & MASK) | MAGIC
+                    c = u.to(tl.float32, bitcast=True) - (8388608.0 + ZERO)
+                    v = c * s
+                    if HAS_O:
+                        v = v + o
+                    k = grp * GS + _kpos(w, i, BITS)
+                    tl.store(w_ptr + k * stride_wk + rn, v.to(w_ptr.dtype.element_ty), mask=nmask)
 
 
 class Config(NamedTuple):

@@ -14,6 +14,10 @@ a tile are summed over its groups before they join the column's sum: the same te
 against ``triton_q8.reference``).
 
 K slices and the completion count as in ``triton_gemv``; a slice is a run of whole tiles.
+
+It also reads Q6_K packed in planes (``cuda_pack.pack(..., q6_planes=True)``, 6-bit codes: a
+[G, 2, BN] tile of the low 4 bits as 4-bit codes and a [G, BN] tile of the high 2 bits,
+Σ u·q = Σ low·q + 16 · Σ high·q, exact), which no other GEMV reads.
 """
 
 from __future__ import annotations
@@ -64,24 +68,41 @@ def _tile_scale(gw, sw, half, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O
 
 
 @triton.jit
-def _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m, grp, gok, M, stride_qm, stride_dm, stride_sm,
+def _nibble_dot(words, xq_ptr, m, grp, ok, stride_qm, XPG: tl.constexpr, G: tl.constexpr, W: tl.constexpr,
+                BN: tl.constexpr):
+    """Σ u·q per group [G, BN] of 4-bit code words [G, W, BN]: low nibbles pair with x word 2w of
+    the group, high nibbles with 2w + 1."""
+    shape: tl.constexpr = (G, W, BN)
+    xi = grp[:, None] * XPG + 2 * tl.arange(0, W)[None, :]
+    xlo = tl.load(xq_ptr + m * stride_qm + xi, mask=ok[:, None], other=0)
+    xhi = tl.load(xq_ptr + m * stride_qm + xi + 1, mask=ok[:, None], other=0)
+    dot = _dot4(words & 0x0F0F0F0F, tl.broadcast_to(xlo[:, :, None], shape), tl.zeros(shape, dtype=tl.int32))
+    dot = _dot4((words >> 4) & 0x0F0F0F0F, tl.broadcast_to(xhi[:, :, None], shape), dot)
+    return tl.sum(dot, axis=1)
+
+
+@triton.jit
+def _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m, grp, gok, M, stride_qm, stride_dm, stride_sm,
               BITS: tl.constexpr, GS: tl.constexpr, G: tl.constexpr, WPG: tl.constexpr, BN: tl.constexpr):
     """Σ over the tile's groups of scale·d·Σ u·q + offset'·Σ x, per column, for batch row m."""
     XPG: tl.constexpr = GS // 4  # activation words (4 int8 codes each) per group
     ok = gok & (m < M)
-    wi = tl.arange(0, WPG)
-    shape: tl.constexpr = (G, WPG, BN)
-    if BITS == 4:  # low nibbles pair with x word 2w of the group, high nibbles with 2w + 1
-        xi = grp[:, None] * XPG + 2 * wi[None, :]
-        xlo = tl.load(xq_ptr + m * stride_qm + xi, mask=ok[:, None], other=0)
-        xhi = tl.load(xq_ptr + m * stride_qm + xi + 1, mask=ok[:, None], other=0)
-        dot = _dot4(words & 0x0F0F0F0F, tl.broadcast_to(xlo[:, :, None], shape), tl.zeros(shape, dtype=tl.int32))
-        dot = _dot4((words >> 4) & 0x0F0F0F0F, tl.broadcast_to(xhi[:, :, None], shape), dot)
+    if BITS == 4:
+        d = _nibble_dot(words, xq_ptr, m, grp, ok, stride_qm, XPG, G, WPG, BN)
+    elif BITS == 6:  # Σ u·q = Σ low·q + 16 · Σ high·q; high bits of x word j: (hiw >> 2j) & 0x03030303
+        d = _nibble_dot(words, xq_ptr, m, grp, ok, stride_qm, XPG, G, 2, BN)
+        j = tl.arange(0, 4)
+        hshape: tl.constexpr = (G, 4, BN)
+        xj = tl.load(xq_ptr + m * stride_qm + grp[:, None] * XPG + j[None, :], mask=ok[:, None], other=0)
+        hc = (hiw[:, None, :] >> (2 * j)[None, :, None]) & 0x03030303
+        dh = _dot4(hc, tl.broadcast_to(xj[:, :, None], hshape), tl.zeros(hshape, dtype=tl.int32))
+        d += 16 * tl.sum(dh, axis=1)
     else:
-        xi = grp[:, None] * XPG + wi[None, :]
+        shape: tl.constexpr = (G, WPG, BN)
+        xi = grp[:, None] * XPG + tl.arange(0, WPG)[None, :]
         xw = tl.load(xq_ptr + m * stride_qm + xi, mask=ok[:, None], other=0)
         dot = _dot4(words, tl.broadcast_to(xw[:, :, None], shape), tl.zeros(shape, dtype=tl.int32))
-    d = tl.sum(dot, axis=1)  # [G, BN]: Σ u·q per group, exact
+        d = tl.sum(dot, axis=1)  # [G, BN]: Σ u·q per group, exact
     xd = tl.load(xd_ptr + m * stride_dm + (grp * GS) // 32, mask=ok, other=0.0)
     xs = tl.load(xs_ptr + m * stride_sm + (grp * GS) // 16, mask=ok, other=0.0)
     if GS == 32:
@@ -98,12 +119,13 @@ def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_pt
                STAGES: tl.constexpr, SB: tl.constexpr):
     """NG groups along K; K slice ``program_id(2)`` runs ``STEPS`` tiles of ``G`` groups."""
     WPG: tl.constexpr = GS * BITS // 32  # code words per group and column
+    LW: tl.constexpr = 2 if BITS == 6 else WPG  # of them in the [G, LW, BN] tile (6-bit: the low plane)
     pid_m = tl.program_id(0)
     m0 = pid_m * BM
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     nmask = rn < N
     gi = tl.arange(0, G)
-    wi = tl.arange(0, WPG)
+    wi = tl.arange(0, LW)
     a0 = tl.zeros((BN,), dtype=tl.float32)
     a1 = tl.zeros((BN,), dtype=tl.float32)
     a2 = tl.zeros((BN,), dtype=tl.float32)
@@ -116,24 +138,28 @@ def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_pt
         words = tl.load(q_ptr + row[:, :, None] * N + rn[None, None, :],
                         mask=gok[:, None, None] & nmask[None, None, :], other=0)
         smask = gok[:, None] & nmask[None, :]
+        hiw = words  # not read below 6 bits
+        if BITS == 6:  # the high plane: word 2 of each group
+            hiw = tl.load(q_ptr + (grp * WPG + 2)[:, None] * N + rn[None, :], mask=smask, other=0)
         gw = tl.load(gw_ptr + (grp // SUB)[:, None] * N + rn[None, :], mask=smask, other=0)
         sw = gw
         if TWO_LEVEL:
             if G * GS <= _SUPER:  # a tile never crosses a super-block (tiles are aligned)
-                sw = tl.load(sw_ptr + ((g0 * GS) // _SUPER) * N + rn, mask=nmask & (g0 < NG), other=0)[None, :]
+                sw = tl.load(sw_ptr + ((g0 * GS) // _SUPER) * N + rn, mask=nmask & (g0 < NG), other=0)
+                sw = sw[None, :]
             else:
                 sw = tl.load(sw_ptr + ((grp * GS) // _SUPER)[:, None] * N + rn[None, :], mask=smask, other=0)
         sc, off = _tile_scale(gw, sw, (grp % 2 == 1)[:, None], ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB)
-        a0 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
+        a0 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
                         stride_sm, BITS, GS, G, WPG, BN)
         if BM > 1:
-            a1 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 1, grp, gok, M, stride_qm, stride_dm,
-                            stride_sm, BITS, GS, G, WPG, BN)
+            a1 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 1, grp, gok, M, stride_qm,
+                            stride_dm, stride_sm, BITS, GS, G, WPG, BN)
         if BM > 2:
-            a2 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 2, grp, gok, M, stride_qm, stride_dm,
-                            stride_sm, BITS, GS, G, WPG, BN)
-            a3 += _tile_row(words, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 3, grp, gok, M, stride_qm, stride_dm,
-                            stride_sm, BITS, GS, G, WPG, BN)
+            a2 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 2, grp, gok, M, stride_qm,
+                            stride_dm, stride_sm, BITS, GS, G, WPG, BN)
+            a3 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 3, grp, gok, M, stride_qm,
+                            stride_dm, stride_sm, BITS, GS, G, WPG, BN)
     _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
             HAS_BIAS, BM, BN, SPLIT, SB)
 
@@ -194,7 +220,7 @@ def default_config(p: Packed, m: int) -> TileConfig:
 def groups_of(p: Packed, cfg: TileConfig, m: int) -> int:
     """Groups a loop step: ``cfg.words`` code words a column at one batch row, fewer with more
     rows (each row's dot products are a tile of int32 too), at least one group."""
-    wpg = p.gs * p.bits // 32
+    wpg = triton.next_power_of_2(p.gs * p.bits // 32)  # 6-bit planes: 3 words, counted as 4
     assert cfg.words & (cfg.words - 1) == 0, "words a step: a power of 2"
     bm = min(4, triton.next_power_of_2(m))
     return max(1, cfg.words // wpg // bm)
