@@ -130,6 +130,8 @@ def main() -> int:
     p.add_argument("--dump", help="write every sweep timing to this JSON file")
     p.add_argument("--best", help="write the best configuration at batch 1 per tensor (by weight bytes) "
                                   "to this JSON file (for KVSERVE_GEMV_TUNING)")
+    p.add_argument("--layers", default=",".join(name for name, _, _ in LAYERS),
+                   help="the layers to time (the per-token totals then count only these)")
     p.add_argument("--sweep-act", default="tile", choices=["tile", "int8", "float"],
                    help="the kernel --sweep times (int8: the group-a-step kernel, tile: the tiled one)")
     args = p.parse_args()
@@ -151,7 +153,7 @@ def main() -> int:
     best: dict[int, tuple] = {}
     dev = torch.device("cuda")
     layers = [(name, members, k, [random_pack(q, n, k, rng, args.q6_planes) for q, n in members])
-              for name, members, k in LAYERS]
+              for name, members, k in LAYERS if name in args.layers.split(",")]
     if args.sweep:  # first, so that the table below runs each tensor's best configuration
         for name, members, k, packs in layers:
             for s in CudaQuantLinear(packs, None, dev).segments:
@@ -205,7 +207,7 @@ def main() -> int:
     print_table(["layer", "formats", "shape", "rows", "float-x µs", "float-x / roofline", "float-x max rel err",
                  "int8-x µs", "int8-x / roofline", "int8-x max rel err", "int8-x tiled µs", "tiled / roofline",
                  "tiled max rel err", "bf16 µs", "bf16 / roofline", "bf16 / tiled"], rows, digits=2)
-    print("\n32 layers + head at batch 1, linear layers only: "
+    print(f"\n32 layers + head at batch 1, linear layers only ({args.layers}): "
           + ", ".join(f"{a} {t / 1e3:.3f} ms/token ({1e6 / t:.0f} tok/s bound)" for a, t in
                       (("quant float-x", tot["float"]), ("quant int8-x", tot["int8"]),
                        ("quant int8-x tiled", tot["tile"]), ("bf16", tot["bf16"])) if t > 0)

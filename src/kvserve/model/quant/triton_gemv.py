@@ -357,7 +357,12 @@ def split_of(p: Packed, cfg: Config, device: torch.device) -> tuple[int, int]:
 
 # Completion counters of split GEMVs, one int32 per (batch block, column block), zero between
 # calls (the last slice of a call resets its counter). Kept per weight tensor, so that GEMVs
-# over different weights never share a counter.
+# over different weights never share a counter. Sized up front for the most blocks any
+# configuration gives at up to 8 batch rows (2 batch blocks of 4, columns in blocks of 16), so
+# that a module's GEMVs at every decode batch size, each captured in its own CUDA graph, share
+# one counter tensor that is never replaced (a replaced tensor would leave a graph captured
+# before pointing at freed memory).
+MIN_BN = 16
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
@@ -365,7 +370,10 @@ def _counters(p: Packed, n: int) -> torch.Tensor:
     key = (p.q.device, p.q.data_ptr())
     c = _COUNTERS.get(key)
     if c is None or c.numel() < n:
-        c = torch.zeros(max(n, 64), dtype=torch.int32, device=p.q.device)
+        if c is not None and p.q.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"GEMV counters for {n} blocks replaced during CUDA graph capture "
+                               f"(sized for {c.numel()})")
+        c = torch.zeros(max(n, 64, 2 * triton.cdiv(p.n, MIN_BN)), dtype=torch.int32, device=p.q.device)
         _COUNTERS[key] = c
     return c
 
