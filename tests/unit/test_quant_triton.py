@@ -85,10 +85,12 @@ def test_gemv_k_slices_are_summed_once(qtype):
     p = packed(qtype, 16, 1024, seed=8)
     cfg = T.Config(16, 4, 2)
     assert T.split_of(p, cfg, DEV)[0] > 1 and T.split_of(p, T.Config(16, 4, 0), DEV)[0] == 1
-    x = torch.randn(2, 1024).to(DEV)
+    x = torch.randn(2, 1024, generator=torch.Generator().manual_seed(8)).to(DEV)
     one = T.gemv(x, p, cfg=T.Config(16, 4, 0))
     first = T.gemv(x, p, cfg=cfg)
-    assert torch.allclose(first, one, rtol=1e-5, atol=1e-4)
+    # the slices add the same terms in another order: equal within float32 rounding of the
+    # largest output (terms reach ~1e4 here), not to an absolute 1e-4
+    assert torch.allclose(first, one, rtol=1e-5, atol=1e-5 * float(one.abs().max()))
     # the last slice of a call sums the partials and resets its counter: a second call (as a
     # CUDA graph replays it) gives the same bits, whichever slice finishes last
     assert int(T._counters(p, 1).abs().sum()) == 0
