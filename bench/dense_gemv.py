@@ -1,7 +1,8 @@
 """The dense (bf16) decode GEMVs: cuBLAS against the Triton GEMV of ``model/dense_gemv.py`` on the
 linear layers of the "1B" and "8B" shapes, timed as ``dense_gemv.prepare`` times them at load
 (the choice it makes is the one printed): GPU microseconds per call, replayed in a CUDA graph
-over every layer of that shape in turn (random weights, all layers of the model, so that the
+over every layer of that shape in turn (under ``KVSERVE_GEMV_PDL`` each call overlapping the one
+before, as in a step) (random weights, all layers of the model, so that the
 reads come from memory as in a decode step). cuBLAS is timed with the kernel the Triton GEMV
 takes into its prologue (the RMSNorm before Q/K/V and gate/up, act(gate)·up before down).
 Fractions: the weight bytes ÷ the time, against the device's copy bandwidth (read + write)
@@ -64,6 +65,8 @@ def main() -> int:
         "torch": torch.__version__,
         "copy bandwidth GB/s (read + write)": f"{bw / 1e9:.0f}",
         "candidates (bn, bk, warps, programs/SM)": ", ".join(str(tuple(c)) for c in D.CANDIDATES),
+        "programmatic dependent launch (KVSERVE_GEMV_PDL, _PRE)":
+            f"on, {D.PRE_TILES} weight tile(s) before the wait" if D.PDL and D.pdl_supported(dev) else "off",
     })
     for shape in args.shapes.split(","):
         model = fake_model(shape, dev)

@@ -28,7 +28,9 @@
 #            (default "sweep 1b 8b q8b"; sweep = bench/dense_gemv.py; attn = the attention side
 #            of a decode layer, bench/decode_attn_b1.py, apart vs one launch). B1_AB="default
 #            best VAR=V,VAR=V ..." runs each engine row of this tree once per setting ("best":
-#            the attention sweep's fastest one-launch variant for that row's head_dim)
+#            the attention sweep's fastest one-launch variant for that row's head_dim); B1_AB8,
+#            the same for the 8B rows alone (default: B1_AB). B1_TESTS="FILE ..." runs those
+#            test files first (pytest -q), while the 8B files are written
 #   b1attn   the 1B bf16 batch-1 row once per B1ATTN_AB setting (default: the decode attention
 #            kernels apart, in one launch, split + merge in one launch, one launch with 16 splits
 #            at most), each with its kernels per step: an A/B of KVSERVE_DECODE_FUSED in one run
@@ -68,6 +70,11 @@ SERVER_MODELS=${SERVER_MODELS:-1b}
 if want engine || { want b1 && [[ " $B1_MODELS " == *" 8b "* ]]; } || { want server && [[ " $SERVER_MODELS " == *" 8b "* ]]; }; then
   synth "$S8B" > "$OUT/synth8b.txt" 2>&1 & SYNTH8B=$!
 fi
+SYNTH1B=
+# (the 1B file in the background only where no other section writes it meanwhile)
+if want b1 && [[ " $B1_MODELS " == *" 1b "* ]] && [ -z "$(echo " $MATRIX " | sed -E 's/ (b1|tests|kernels)\b//g' | tr -d ' ')" ]; then
+  synth "$S1B" > "$OUT/synth1b.txt" 2>&1 & SYNTH1B=$!
+fi
 if want b1 && [[ " $B1_MODELS " == *" q8b "* ]]; then
   $PY -c "import sys; sys.path.insert(0,'bench'); from engine import synth_path; print(synth_path('$SQ8B','Q4_K_M','$KVSERVE_SYNTH_DIR'))" \
       > "$OUT/synthq8b.txt" 2>&1 & SYNTHQ8B=$!
@@ -90,6 +97,10 @@ if want parity; then
   $PY bench/logit_traces.py --model "$(synth "$S1B")" --device cuda --fast
 fi
 if want b1; then
+  if [ -n "${B1_TESTS:-}" ]; then
+    phase "CUDA tests: $B1_TESTS"
+    timeout 300 $PY -m pytest -q -p no:cacheprovider $B1_TESTS 2>&1 | tail -25
+  fi
   if [[ " $B1_MODELS " == *" sweep "* ]]; then
     phase "dense decode GEMVs: cuBLAS vs Triton per shape"
     timeout 240 $PY bench/dense_gemv.py
@@ -102,15 +113,15 @@ if want b1; then
     grep "^BEST $1 " "$OUT/attn_b1.txt" 2>/dev/null | sed -E \
       's/^BEST [^ ]+ splits=([0-9]+) block_n=([0-9]+) pdl=([01])$/KVSERVE_DECODE_FUSED=1,KVSERVE_DECODE_MAX_SPLITS=\1,KVSERVE_DECODE_BLOCK_N=\2,KVSERVE_DECODE_PDL=\3/'
   }
-  b1() {  # name, attention shape (1B|8B), extra engine args...: the row on the baseline tree (if
-    # any), then on this one once per B1_AB setting ("default": the tree's defaults; "best": the
-    # fastest one-launch variant of the attention sweep above; else VAR=VALUE,VAR=VALUE)
-    local name=$1 shape=$2; shift 2
+  b1() {  # name, attention shape (1B|8B), settings, extra engine args...: the row on the baseline
+    # tree (if any), then on this one once per setting ("default": the tree's defaults; "best":
+    # the fastest one-launch variant of the attention sweep above; else VAR=VALUE,VAR=VALUE)
+    local name=$1 shape=$2 settings=$3; shift 3
     if [ -n "${BASELINE_SRC:-}" ]; then
       phase "engine b1, $name, baseline tree $BASELINE_SRC"
       PYTHONPATH="${BASELINE_PYTHONPATH:-$BASELINE_SRC:${PYTHONPATH#src:}}" timeout 300 $PY bench/engine.py "$@"
     fi
-    for setting in ${B1_AB:-default}; do
+    for setting in $settings; do
       [ "$setting" = default ] && setting=
       [ "$setting" = best ] && { setting=$(best "$shape"); [ -n "$setting" ] || continue; }
       phase "engine b1, $name, this tree${setting:+, ${setting//,/ }}"
@@ -118,14 +129,19 @@ if want b1; then
     done
   }
   B1="--device cuda --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --roofline"
-  [[ " $B1_MODELS " == *" 1b "* ]] && b1 "1B bf16" 1B --synth "$S1B" --dtype bf16 $B1
+  AB=${B1_AB:-default}
+  AB8=${B1_AB8:-$AB}
+  if [[ " $B1_MODELS " == *" 1b "* ]]; then
+    [ -n "$SYNTH1B" ] && { wait "$SYNTH1B"; cat "$OUT/synth1b.txt"; }
+    b1 "1B bf16" 1B "$AB" --synth "$S1B" --dtype bf16 $B1
+  fi
   if [[ " $B1_MODELS " == *" 8b "* ]]; then
     wait "$SYNTH8B"; cat "$OUT/synth8b.txt"
-    b1 "8B bf16" 8B --synth "$S8B" --dtype bf16 $B1
+    b1 "8B bf16" 8B "$AB8" --synth "$S8B" --dtype bf16 $B1
   fi
   if [[ " $B1_MODELS " == *" q8b "* ]]; then
     wait "$SYNTHQ8B"; cat "$OUT/synthq8b.txt"
-    b1 "8B Q4_K_M" 8B --synth "$SQ8B" --synth-qtype Q4_K_M --weights quant $B1
+    b1 "8B Q4_K_M" 8B "$AB8" --synth "$SQ8B" --synth-qtype Q4_K_M --weights quant $B1
   fi
 fi
 if want b1attn; then

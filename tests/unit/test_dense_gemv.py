@@ -92,6 +92,79 @@ def test_split_gemv_resets_its_counters():
     assert torch.equal(D.gemv(x, w, cfg)[0], first)  # deterministic: slices summed in order
 
 
+def _role_inputs(role: str, m: int, gen: torch.Generator) -> dict:
+    if role == "act":
+        return {"x": torch.randn(m, 2 * K, generator=gen).to(DEV, DT), "n_ff": K, "act": "silu"}
+    x = torch.randn(m, K, generator=gen).to(DEV, DT)
+    if role == "plain":
+        return {"x": x}
+    return {"x": x, "residual": torch.randn(m, K, generator=gen).to(DEV, DT),
+            "norm_w": (torch.rand(K, generator=gen) + 0.5).to(DEV, DT), "eps": 1e-5}
+
+
+@pytest.mark.parametrize("role", ["plain", "norm", "act"])
+@pytest.mark.parametrize("cfg,m", RUNS)
+def test_weight_prefetch_gives_the_same_bits(cfg, m, role):
+    """The first one or two weight tiles loaded ahead of the input (and, on sm90+, the kernel as a
+    programmatic dependent launch): the same output and residual sum, bit for bit, as the loads
+    in the loop."""
+    gen = torch.Generator().manual_seed(30 + m)
+    w = torch.randn(N, K, generator=gen).to(DEV, DT)
+    kw = _role_inputs(role, m, gen)
+    x = kw.pop("x")
+    y0, s0 = D.gemv(x, w, cfg, pdl=False, pre=0, **kw)
+    variants = [(False, 1), (False, 2)] + ([(True, 1), (True, 2)] if D.pdl_supported(DEV) else [])
+    for pdl, pre in variants:
+        y, s = D.gemv(x, w, cfg, pdl=pdl, pre=pre, **kw)
+        assert torch.equal(y, y0), (cfg, m, role, pdl, pre)
+        assert (s is None and s0 is None) or torch.equal(s, s0)
+
+
+@pytest.mark.skipif(not (DEV.type == "cuda" and D.pdl_supported(DEV)), reason="PDL needs compiled kernels on sm90+")
+@pytest.mark.parametrize("pre", [1, 2])
+def test_pdl_chain_in_a_graph_equals_plain_launches(pre):
+    """Layers of dependent GEMVs (norm → act → a torch kernel → plain, each reading what the one
+    before wrote; K split and not) as programmatic dependent launches captured in a CUDA graph,
+    replayed on fresh inputs: the same bits as plain launches of the loop-only kernel."""
+    d, ff, layers = 2048, 4096, 3
+    gen = torch.Generator().manual_seed(40 + pre)
+    mk = lambda *shape: (torch.randn(*shape, generator=gen) * 0.05).to(DEV, DT)  # noqa: E731
+    wgu = [mk(2 * ff, d) for _ in range(layers)]
+    wd = [mk(d, ff) for _ in range(layers)]
+    wo = [mk(d, d) for _ in range(layers)]
+    nw = (torch.rand(d, generator=gen) + 0.5).to(DEV, DT)
+    c_norm, c_act, c_plain = D.Config(8, 512, 4, 8), D.Config(16, 256, 4, 8), D.Config(32, 256, 4, 1)
+    assert D.split_of(2 * ff, d, c_norm, DEV)[0] > 1 and D.split_of(d, ff, c_act, DEV)[0] > 1
+
+    def step(x, r, pdl, p):
+        h = x
+        for li in range(layers):
+            gu, r = D.gemv(h, wgu[li], c_norm, residual=r, norm_w=nw, eps=1e-6, pdl=pdl, pre=p)
+            h = D.gemv(gu, wd[li], c_act, n_ff=ff, act="silu", pdl=pdl, pre=p)[0]
+            h = torch.tanh(h)  # a kernel that never triggers its dependents
+            h = D.gemv(h, wo[li], c_plain, pdl=pdl, pre=p)[0]
+        return h, r
+
+    inputs = [(torch.randn(1, d, generator=gen).to(DEV, DT), torch.randn(1, d, generator=gen).to(DEV, DT))
+              for _ in range(3)]
+    want = [step(x, r, False, 0) for x, r in inputs]
+    sx, sr = inputs[0][0].clone(), inputs[0][1].clone()
+    step(sx, sr, True, pre)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(sx, sr, True, pre)
+    for (x, r), (h_ref, r_ref) in zip(inputs[::-1], want[::-1]):
+        sx.copy_(x)
+        sr.copy_(r)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out[0], h_ref) and torch.equal(out[1], r_ref)
+    for w in wgu + wd + wo:  # each column block's last slice put its counter back
+        c = D._COUNTERS.get((w.device, w.data_ptr()))
+        assert c is None or int(c.abs().sum()) == 0
+
+
 def _gemv_linear(lin: nn.Linear, cfg: D.Config | None) -> nn.Linear:
     lin.__class__ = D.GemvLinear
     lin.choice = {1: cfg, D.MAX_ROWS: cfg}

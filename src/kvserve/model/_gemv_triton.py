@@ -18,6 +18,14 @@ Two prologues take the kernel that produced the input into the GEMV (one launch 
   slices each slice stores its sum of squares beside its partials and the last slice adds them.
 - ``PRO = 2`` (act): the input is ``act(g) · u`` of the gate/up output [g | u] (rounded as the
   ``act_mul`` kernel rounds: act(g) to the dtype, then the product), computed per chunk.
+
+Weights never depend on the kernel before; only the input does. With ``PRE`` = 1 or 2 a program
+issues the loads of its first ``PRE`` weight tiles before it reads anything else, and with ``PDL``
+(a programmatic dependent launch, sm90+; never under the interpreter) it waits for the kernel
+before (``gdc_wait``) only after those loads, and lets the kernel after it start at once
+(``gdc_launch_dependents``): a chain of such GEMVs streams each one's first weights while the one
+before still runs. Nothing is written before the wait (the buffers of a CUDA graph's pool may be
+the ones the kernel before reads). The sums are the same, in the same order, with or without.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import os
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .quant.triton_gemv import _store_rows, _sum_slices
 
@@ -71,16 +80,64 @@ def _rstd(ss, K, eps):
 
 
 @triton.jit
+def _wtile(w_ptr, rn, nmask, stride_wn, K, pid_s, STEPS, t, BK: tl.constexpr):
+    """The weight tile of K chunk ``t`` of this program's slice, in W's dtype."""
+    k = (pid_s * STEPS + t) * BK + tl.arange(0, BK)
+    return tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=nmask[:, None] & (k < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _chunk(w, t, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr, s_ptr, m0, M, K, pid_s, STEPS,
+           stride_xm, stride_rm, stride_sm, n_ff, write_s, PRO: tl.constexpr, GELU: tl.constexpr,
+           BM: tl.constexpr, BK: tl.constexpr):
+    """The sums after K chunk ``t`` (weights ``w``) of every batch row."""
+    k = (pid_s * STEPS + t) * BK + tl.arange(0, BK)
+    kmask = k < K
+    w = w.to(tl.float32)
+    x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
+                 write_s, PRO, GELU)
+    a0 += tl.sum(w * x[None, :], axis=1)
+    q0 += sq
+    if BM > 1:
+        x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0 + 1, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
+                     write_s, PRO, GELU)
+        a1 += tl.sum(w * x[None, :], axis=1)
+        q1 += sq
+    if BM > 2:
+        x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0 + 2, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
+                     write_s, PRO, GELU)
+        a2 += tl.sum(w * x[None, :], axis=1)
+        q2 += sq
+        x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0 + 3, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
+                     write_s, PRO, GELU)
+        a3 += tl.sum(w * x[None, :], axis=1)
+        q3 += sq
+    return a0, a1, a2, a3, q0, q1, q2, q3
+
+
+@triton.jit
 def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
           stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, STEPS, S,
           PRO: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-          BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr):
+          BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr, PRE: tl.constexpr,
+          PDL: tl.constexpr):
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
     m0 = tl.program_id(0) * BM
     rn = pid_n * BN + tl.arange(0, BN)
     nmask = rn < N
     write_s = pid_n == 0
+    if PDL:  # the next kernel may start now: it too reads only its weights before its wait
+        gdc_launch_dependents()
+    # the first PRE weight tiles (≤ STEPS) are loaded before anything the kernel before wrote is
+    # read: under PDL they stream in while that kernel finishes
+    if PRE > 0:
+        w0 = _wtile(w_ptr, rn, nmask, stride_wn, K, pid_s, STEPS, 0, BK)
+    if PRE > 1:
+        w1 = _wtile(w_ptr, rn, nmask, stride_wn, K, pid_s, STEPS, 1, BK)
+    if PDL:
+        gdc_wait()  # the input (and every buffer this kernel writes) is free from here
     a0 = tl.zeros((BN,), dtype=tl.float32)
     a1 = tl.zeros((BN,), dtype=tl.float32)
     a2 = tl.zeros((BN,), dtype=tl.float32)
@@ -89,29 +146,19 @@ def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr,
     q1 = 0.0
     q2 = 0.0
     q3 = 0.0
-    for t in tl.range(0, STEPS, num_stages=STAGES):
-        k = (pid_s * STEPS + t) * BK + tl.arange(0, BK)
-        kmask = k < K
-        w = tl.load(w_ptr + rn[:, None] * stride_wn + k[None, :], mask=nmask[:, None] & kmask[None, :],
-                    other=0.0).to(tl.float32)
-        x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
-                     write_s, PRO, GELU)
-        a0 += tl.sum(w * x[None, :], axis=1)
-        q0 += sq
-        if BM > 1:
-            x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0 + 1, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
-                         write_s, PRO, GELU)
-            a1 += tl.sum(w * x[None, :], axis=1)
-            q1 += sq
-        if BM > 2:
-            x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0 + 2, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
-                         write_s, PRO, GELU)
-            a2 += tl.sum(w * x[None, :], axis=1)
-            q2 += sq
-            x, sq = _xin(x_ptr, r_ptr, nw_ptr, s_ptr, m0 + 3, k, kmask, M, stride_xm, stride_rm, stride_sm, n_ff,
-                         write_s, PRO, GELU)
-            a3 += tl.sum(w * x[None, :], axis=1)
-            q3 += sq
+    if PRE > 0:
+        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w0, 0, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr,
+                                                s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm, stride_sm,
+                                                n_ff, write_s, PRO, GELU, BM, BK)
+    if PRE > 1:
+        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w1, 1, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr,
+                                                s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm, stride_sm,
+                                                n_ff, write_s, PRO, GELU, BM, BK)
+    for t in tl.range(PRE, STEPS, num_stages=STAGES):
+        w = _wtile(w_ptr, rn, nmask, stride_wn, K, pid_s, STEPS, t, BK)
+        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w, t, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr,
+                                                s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm, stride_sm,
+                                                n_ff, write_s, PRO, GELU, BM, BK)
     if SPLIT:
         part = p_ptr + pid_s * M * N + rn
         tl.store(part + m0 * N, a0, mask=nmask & (m0 < M))
@@ -168,10 +215,11 @@ def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr,
 def gemv_kernel(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
                 stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, steps, S,
                 PRO: tl.constexpr, GELU: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr,
-                BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr):
+                BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr,
+                PRE: tl.constexpr, PDL: tl.constexpr):
     _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
           stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, steps, S,
-          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB, STAGES)
+          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB, STAGES, PRE, PDL)
 
 
 @triton.jit
@@ -179,7 +227,8 @@ def gemv_kernel_const(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q
                       stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps,
                       steps: tl.constexpr, S: tl.constexpr, PRO: tl.constexpr, GELU: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                      SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr):
+                      SPLIT: tl.constexpr, SB: tl.constexpr, STAGES: tl.constexpr, PRE: tl.constexpr,
+                      PDL: tl.constexpr):
     _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr, M, N, K,
           stride_xm, stride_rm, stride_sm, stride_wn, stride_ym, n_ff, eps, steps, S,
-          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB, STAGES)
+          PRO, GELU, HAS_BIAS, BM, BN, BK, SPLIT, SB, STAGES, PRE, PDL)

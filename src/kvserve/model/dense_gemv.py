@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 
 MAX_ROWS = 4
 ENABLED = os.environ.get("KVSERVE_DENSE_GEMV", "1") != "0"
+# Programmatic dependent launch of the Triton GEMV (sm90+): its first weight tiles load while the
+# kernel before still runs, and it lets the kernel after start early (``_gemv_triton``'s docstring).
+# ``KVSERVE_GEMV_PDL=0`` launches it as before; KVSERVE_GEMV_PRE tiles (1 or 2) are loaded before
+# the wait.
+PDL = os.environ.get("KVSERVE_GEMV_PDL", "1").strip() != "0"
+PRE_TILES = max(1, min(2, int(os.environ.get("KVSERVE_GEMV_PRE", "2"))))
 
 
 def _interpret() -> bool:
@@ -63,7 +69,18 @@ CANDIDATES = [Config(16, 256, 4, 8), Config(32, 256, 4, 4), Config(8, 512, 4, 8)
 ROLES = ("plain", "norm", "act")
 
 _SMS: dict[int, int] = {}
+_CAP: dict[int, int] = {}
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels (not the interpreter) on sm90 or later."""
+    if device.type != "cuda" or _interpret():
+        return False
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _CAP:
+        _CAP[i] = torch.cuda.get_device_capability(i)[0]
+    return _CAP[i] >= 9
 
 
 def _sms(device: torch.device) -> int:
@@ -99,11 +116,16 @@ def _counters(w: torch.Tensor, n: int) -> torch.Tensor:
 def gemv(x: torch.Tensor, w: torch.Tensor, cfg: Config, bias: torch.Tensor | None = None, *,
          residual: torch.Tensor | None = None, norm_w: torch.Tensor | None = None, eps: float = 0.0,
          n_ff: int = 0, act: str | None = None, out: torch.Tensor | None = None,
-         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+         pdl: bool | None = None, pre: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(y [M, N] in x's dtype, the residual sum or None). Plain: y = x @ wᵀ + bias. With
     ``residual`` and ``norm_w``: y = rms_norm(x + residual) · norm_w @ wᵀ + bias, and the sum
     x + residual is returned. With ``act`` (silu | gelu_tanh): x = [g | u] [M, 2·n_ff] and
-    y = (act(g) · u) @ wᵀ + bias."""
+    y = (act(g) · u) @ wᵀ + bias.
+
+    ``pdl`` (default ``PDL``; only where ``pdl_supported``): launched as a programmatic dependent
+    launch with ``pre`` weight tiles (default ``PRE_TILES``; at most the K chunks of a slice)
+    loaded before it waits for the kernel before. ``pre`` alone (no PDL) moves those loads ahead
+    of the first read of x, nothing else: the result is the same bits either way."""
     from . import _gemv_triton as G
 
     m = x.shape[0]
@@ -133,13 +155,16 @@ def gemv(x: torch.Tensor, w: torch.Tensor, cfg: Config, bias: torch.Tensor | Non
     r = residual if residual is not None else x
     nw = norm_w if norm_w is not None else x
     sv = s if s is not None else x
+    pdl = (PDL if pdl is None else pdl) and pdl_supported(x.device)
+    pre = min(steps, 2, (PRE_TILES if pdl else 0) if pre is None else pre)
+    extra = {"launch_pdl": True} if pdl else {}
     kernel = G.gemv_kernel_const if G.INTERPRET else G.gemv_kernel
     kernel[grid](x, r, nw, sv, w, bias if bias is not None else out, out, part, sq, cnt, m, n, k,
                  x.stride(0), r.stride(0), sv.stride(0), w.stride(0), out.stride(0), n_ff, float(eps),
                  steps, splits,
                  PRO=pro, GELU=act == "gelu_tanh", HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, BK=cfg.bk,
                  SPLIT=splits > 1, SB=min(8, 1 << (splits - 1).bit_length()), STAGES=cfg.stages,
-                 num_warps=cfg.warps)
+                 PRE=pre, PDL=pdl, num_warps=cfg.warps, **extra)
     return out, s
 
 
