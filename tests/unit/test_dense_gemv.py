@@ -120,7 +120,8 @@ def test_weight_prefetch_gives_the_same_bits(cfg, m, role):
         assert (s is None and s0 is None) or torch.equal(s, s0)
 
 
-@pytest.mark.skipif(not (DEV.type == "cuda" and D.pdl_supported(DEV)), reason="PDL needs compiled kernels on sm90+")
+@pytest.mark.skipif(not (DEV.type == "cuda" and D.pdl_supported(DEV)),
+                    reason="PDL needs compiled kernels on sm90+")
 @pytest.mark.parametrize("pre", [1, 2])
 def test_pdl_chain_in_a_graph_equals_plain_launches(pre):
     """Layers of dependent GEMVs (norm → act → a torch kernel → plain, each reading what the one

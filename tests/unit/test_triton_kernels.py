@@ -371,3 +371,58 @@ def test_decode_fused_pdl_in_a_graph(d, block_n, num_splits):
         assert torch.equal(caches[li][0], refs[li][0]) and torch.equal(caches[li][1], refs[li][1])
         assert _rel(got[0][li], want[li]) < TOL
     assert torch.equal(got[0], got[1]) and torch.equal(got[0], got[2])
+
+
+@pytest.mark.skipif(not (DEV.type == "cuda" and tk.pdl_supported(DEV)),
+                    reason="PDL needs compiled kernels on sm90+")
+def test_decode_fused_trigger_before_a_pdl_gemv_in_a_graph():
+    """The one-launch kernel letting the output projection start early (``trigger``): the dense
+    GEMV after it, a programmatic dependent launch that loads its weights before it waits,
+    captured with it in a CUDA graph over three layers and replayed on fresh inputs: the same
+    projections and cache rows, bit for bit, as both kernels launched plainly."""
+    from kvserve.model import dense_gemv as D
+
+    hkv, g, d, lengths, layers = 8, 4, 64, [2048], 3
+    h = hkv * g
+    gen, tables, kc0, vc0, table = _setup(9, lengths, hkv, g, d)
+    w = (torch.randn(256, (h + 2 * hkv) * d, generator=gen) * 0.1).to(DEV, DTYPE)
+    wo = [(torch.randn(256, h * d, generator=gen) * 0.05).to(DEV, DTYPE) for _ in range(layers)]
+    rope = RopeTables({(10000.0, 1.0)}, d, DEV, 4096)
+    cos, sin = rope.cos[(10000.0, 1.0)], rope.sin[(10000.0, 1.0)]
+    lens, rows = _i32(lengths), _i32([0])
+    ws = tk.DecodeWorkspace(1, h, d, 32, DEV, n_head_kv=hkv)
+    cfg = D.Config(16, 256, 4, 8)
+    assert D.split_of(256, h * d, cfg, DEV)[0] > 1
+
+    def step(x, caches, fast):
+        ys = []
+        for li in range(layers):
+            qkv = (x * (li + 1)) @ w
+            q, k, v = qkv[:, : h * d].view(1, h, d), qkv[:, h * d : (h + hkv) * d].view(1, hkv, d), \
+                qkv[:, (h + hkv) * d :].view(1, hkv, d)
+            o = torch.empty(1, h, d, device=DEV, dtype=DTYPE)
+            tk.decode_fused(q, k, v, o, rows, *caches[li], cos, sin, table, rows, lens, ws, PS, d**-0.5, 0, d,
+                            False, trigger=fast)
+            ys.append(D.gemv(o.view(1, h * d), wo[li], cfg, pdl=fast)[0])
+        return torch.stack(ys)
+
+    fresh = lambda: [(kc0.clone(), vc0.clone()) for _ in range(layers)]  # noqa: E731
+    xs = [torch.randn(1, 256, generator=gen).to(DEV, DTYPE) for _ in range(3)]
+    want = []
+    for x in xs:
+        c = fresh()
+        want.append((step(x, c, False), c))
+    sx, caches = xs[0].clone(), fresh()
+    step(sx, caches, True)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ys = step(sx, caches, True)
+    for x, (y_ref, c_ref) in zip(xs[::-1], want[::-1]):
+        sx.copy_(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(ys, y_ref)
+        for (kc, vc), (kr, vr) in zip(caches, c_ref):
+            assert torch.equal(kc, kr) and torch.equal(vc, vr)
+    assert int(ws.count.abs().sum()) == 0

@@ -147,18 +147,18 @@ def _body(x_ptr, r_ptr, nw_ptr, s_ptr, w_ptr, b_ptr, y_ptr, p_ptr, q_ptr, c_ptr,
     q2 = 0.0
     q3 = 0.0
     if PRE > 0:
-        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w0, 0, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr,
-                                                s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm, stride_sm,
-                                                n_ff, write_s, PRO, GELU, BM, BK)
+        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w0, 0, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr,
+                                                nw_ptr, s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm,
+                                                stride_sm, n_ff, write_s, PRO, GELU, BM, BK)
     if PRE > 1:
-        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w1, 1, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr,
-                                                s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm, stride_sm,
-                                                n_ff, write_s, PRO, GELU, BM, BK)
+        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w1, 1, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr,
+                                                nw_ptr, s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm,
+                                                stride_sm, n_ff, write_s, PRO, GELU, BM, BK)
     for t in tl.range(PRE, STEPS, num_stages=STAGES):
         w = _wtile(w_ptr, rn, nmask, stride_wn, K, pid_s, STEPS, t, BK)
-        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w, t, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr, nw_ptr,
-                                                s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm, stride_sm,
-                                                n_ff, write_s, PRO, GELU, BM, BK)
+        a0, a1, a2, a3, q0, q1, q2, q3 = _chunk(w, t, a0, a1, a2, a3, q0, q1, q2, q3, x_ptr, r_ptr,
+                                                nw_ptr, s_ptr, m0, M, K, pid_s, STEPS, stride_xm, stride_rm,
+                                                stride_sm, n_ff, write_s, PRO, GELU, BM, BK)
     if SPLIT:
         part = p_ptr + pid_s * M * N + rn
         tl.store(part + m0 * N, a0, mask=nmask & (m0 < M))

@@ -43,7 +43,7 @@ ENABLED = os.environ.get("KVSERVE_DENSE_GEMV", "1") != "0"
 # ``KVSERVE_GEMV_PDL=0`` launches it as before; KVSERVE_GEMV_PRE tiles (1 or 2) are loaded before
 # the wait.
 PDL = os.environ.get("KVSERVE_GEMV_PDL", "1").strip() != "0"
-PRE_TILES = max(1, min(2, int(os.environ.get("KVSERVE_GEMV_PRE", "2"))))
+PRE_TILES = max(1, min(2, int(os.environ.get("KVSERVE_GEMV_PRE", "1"))))
 
 
 def _interpret() -> bool:

@@ -14,7 +14,7 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import LOG2E, DecodeWorkspace, _kv_block, _precision, _token_stride, _window
 from .rope import _rope_pairs
@@ -28,7 +28,7 @@ def _decode_fused_kernel(
     H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
     RD: tl.constexpr, NEOX: tl.constexpr, ROPE: tl.constexpr, BLOCK_G: tl.constexpr, GP: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, TRIGGER: tl.constexpr,
 ):
     """Decode step of one layer in one launch. Program (b, kv head, split):
 
@@ -42,7 +42,12 @@ def _decode_fused_kernel(
        loaded before the block is used; the program whose split holds the new position
        writes its k/v to the cache last (no program of this launch reads that row);
     4. the last split of (b, kv head) to finish (an atomic count, reset after) merges all
-       splits in split order, as ``_decode_merge_kernel`` does."""
+       splits in split order, as ``_decode_merge_kernel`` does.
+
+    With TRIGGER (sm90+) the kernel after it may start at once (a programmatic dependent launch:
+    the output projection's GEMV, which reads only its weights before it waits for this one)."""
+    if TRIGGER:
+        gdc_launch_dependents()
     b = tl.program_id(0)
     hk = tl.program_id(1)
     sp = tl.program_id(2)
@@ -157,6 +162,12 @@ def _decode_fused_kernel(
         tl.atomic_xchg(cnt, 0)
 
 
+# KVSERVE_DECODE_TRIGGER=0: the kernel after this one (the output projection) starts only when
+# this one ends, as before (it matters only where that GEMV is a programmatic dependent launch,
+# ``KVSERVE_GEMV_PDL``)
+TRIGGER = os.environ.get("KVSERVE_DECODE_TRIGGER", "1").strip() != "0"
+
+
 @functools.cache
 def _sm90_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
@@ -174,7 +185,7 @@ def decode_fused(
     k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace, page_size: int,
     scale: float, window: int, rope_dim: int = 0, neox: bool = False, block_n: int | None = None,
-    num_warps: int | None = None, pdl: bool = False,
+    num_warps: int | None = None, pdl: bool = False, trigger: bool | None = None,
 ) -> None:
     """``rope_write`` then ``decode_attention`` for a step of decoding sequences only (token
     ``q_rows[b]`` at position ``seq_lens[b] - 1``), in one launch: q, k, v are the projections'
@@ -185,7 +196,12 @@ def decode_fused(
     ``pdl`` (with RoPE only; ``pdl_supported``): launched as a programmatic dependent launch, the
     kernel starts while the kernel before it finishes and reads its first cached keys before
     waiting for it. The kernel before must then not write this layer's cache, the page table or
-    ``seq_lens`` / ``seq_rows`` / ``q_rows`` (in a model step it is the Q/K/V projection)."""
+    ``seq_lens`` / ``seq_rows`` / ``q_rows`` (in a model step it is the Q/K/V projection).
+
+    ``trigger`` (default ``TRIGGER``; ``pdl_supported`` only): the kernel after it, if launched
+    as a programmatic dependent launch, may start as soon as every program of this one has
+    started; it must then read nothing this kernel writes before its own wait (the dense GEMV
+    of ``model/dense_gemv`` reads only its weights)."""
     b = seq_lens.shape[0]
     if b == 0:
         return
@@ -207,6 +223,7 @@ def decode_fused(
     g = h // hkv
     assert ws.count is not None and ws.count.shape[1] == hkv
     pdl = pdl and rope and pdl_supported(q.device)
+    trigger = (TRIGGER if trigger is None else trigger) and pdl_supported(q.device)
     extra = {"launch_pdl": True} if pdl else {}
     _decode_fused_kernel[(b, hkv, ws.num_splits)](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin,
@@ -216,5 +233,5 @@ def decode_fused(
         H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=max(rope_dim, 2), NEOX=neox, ROPE=rope,
         BLOCK_G=max(16, triton.next_power_of_2(g)), GP=triton.next_power_of_2(g),
         BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits),
-        PREC=_precision(q), PDL=pdl, num_warps=num_warps, num_stages=1, **extra,
+        PREC=_precision(q), PDL=pdl, TRIGGER=trigger, num_warps=num_warps, num_stages=1, **extra,
     )
