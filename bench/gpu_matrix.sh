@@ -30,7 +30,8 @@
 #            best VAR=V,VAR=V ..." runs each engine row of this tree once per setting ("best":
 #            the attention sweep's fastest one-launch variant for that row's head_dim); B1_AB8,
 #            the same for the 8B rows alone (default: B1_AB). B1_TESTS="ARGS;ARGS" runs pytest -q
-#            once per ';'-separated group of arguments first, while the 8B files are written
+#            once per ;-separated group of arguments first (each for at most B1_TESTS_TIMEOUT s,
+#            default 300), while the model files are written
 #   b1attn   the 1B bf16 batch-1 row once per B1ATTN_AB setting (default: the decode attention
 #            kernels apart, in one launch, split + merge in one launch, one launch with 16 splits
 #            at most), each with its kernels per step: an A/B of KVSERVE_DECODE_FUSED in one run
@@ -101,7 +102,7 @@ if want b1; then
     IFS=';' read -ra groups <<< "$B1_TESTS"
     for g in "${groups[@]}"; do
       phase "CUDA tests: $g"
-      eval "timeout 300 $PY -m pytest -q -p no:cacheprovider $g" 2>&1 | tail -25
+      eval "timeout ${B1_TESTS_TIMEOUT:-300} $PY -m pytest -q -p no:cacheprovider $g" 2>&1 | tail -25
     done
   fi
   if [[ " $B1_MODELS " == *" sweep "* ]]; then

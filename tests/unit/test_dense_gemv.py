@@ -134,7 +134,7 @@ def test_pdl_chain_in_a_graph_equals_plain_launches(pre):
     wd = [mk(d, ff) for _ in range(layers)]
     wo = [mk(d, d) for _ in range(layers)]
     nw = (torch.rand(d, generator=gen) + 0.5).to(DEV, DT)
-    c_norm, c_act, c_plain = D.Config(8, 512, 4, 8), D.Config(16, 256, 4, 8), D.Config(32, 256, 4, 1)
+    c_norm, c_act, c_plain = D.Config(16, 256, 4, 16), D.Config(16, 256, 4, 8), D.Config(32, 256, 4, 1)
     assert D.split_of(2 * ff, d, c_norm, DEV)[0] > 1 and D.split_of(d, ff, c_act, DEV)[0] > 1
 
     def step(x, r, pdl, p):
