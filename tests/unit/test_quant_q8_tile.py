@@ -129,3 +129,87 @@ def test_module_runs_q6_k_planes_on_the_tiled_kernel_whatever_the_switches(monke
         assert torch.allclose(y, expect, rtol=1e-5, atol=1e-5 * expect.abs().max().item()), (acts, kernel)
     w = mod.dequantized_t(torch.float32).t()  # prefill's dequantized weights: exact
     assert torch.equal(w, torch.cat([P.reference(p) for p in packs]))
+
+
+@pytest.mark.parametrize("qtype,n,k", [CASES[0], CASES[1], CASES[3]], ids=lambda c: getattr(c, "name", str(c)))
+def test_first_tile_before_the_wait_gives_the_same_bits(qtype, n, k):
+    """``KVSERVE_GEMV_PDL`` 1 and 2 (the first tile loaded before the activations; on sm90 a
+    programmatic dependent launch waiting in between, where the interpreter runs no wait) give
+    the bits of 0: one K slice, several, slices of unequal length, 3 and 9 rows."""
+    p = packed(qtype, n, k, seed=12)
+    gen = torch.Generator().manual_seed(6)
+    for m, cfg in RUNS:
+        xq = Q8.quantize_x(torch.randn(m, k, generator=gen).to(DEV), pdl_level=0)
+        bias = torch.randn(n, generator=gen).to(DEV)
+        base = QT.gemv(xq, p, torch.empty(m, n, device=DEV), bias=bias, cfg=cfg, pdl_level=0)
+        for lv in (1, 2):
+            got = QT.gemv(xq, p, torch.empty(m, n, device=DEV), bias=bias, cfg=cfg, pdl_level=lv)
+            assert torch.equal(got, base), (m, cfg, lv)
+
+
+def test_quantizing_kernels_give_the_same_bits_under_pdl():
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 512, generator=gen).to(DEV)
+    r = torch.randn(2, 512, generator=gen).to(DEV)
+    w = (torch.rand(512, generator=gen) + 0.5).to(DEV)
+    gu = torch.randn(2, 2 * 1056, generator=gen).to(DEV)
+    for lv in (1, 2):
+        for a, b in zip(Q8.quantize_x(x, pdl_level=lv), Q8.quantize_x(x, pdl_level=0)):
+            assert torch.equal(a, b), lv
+        (qa, sa), (qb, sb) = Q8.norm_quantize_x(x, r, w, 1e-6, pdl_level=lv), Q8.norm_quantize_x(x, r, w, 1e-6,
+                                                                                              pdl_level=0)
+        assert torch.equal(sa, sb) and all(torch.equal(a, b) for a, b in zip(qa, qb)), lv
+        for a, b in zip(Q8.act_quantize_x(gu, 1056, "silu", pdl_level=lv), Q8.act_quantize_x(gu, 1056, "silu",
+                                                                                              pdl_level=0)):
+            assert torch.equal(a, b), lv
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+@pytest.mark.parametrize("level", [1, 2])
+def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch, level):
+    """Two layers' worth of norm + quantize → Q4_K/Q6_K GEMVs (two segments, the second on the
+    side stream) → act·mul + quantize → down GEMV, captured with ``KVSERVE_GEMV_PDL`` at ``level``
+    (programmatic dependent launches where the device has them) and replayed: every replay
+    gives the bits of the same chain launched plainly, and the split GEMVs' counters are back at 0."""
+    from kvserve.model.layers import RMSNorm
+    from kvserve.model.quant import pdl
+
+    k, n_ff = 512, 1024
+    gen = torch.Generator().manual_seed(3)
+    qkv = CudaQuantLinear([packed(Q.Q4_K, 384, k, seed=1), packed(Q.Q6_K, 128, k, seed=2)], None, DEV)
+    gate_up = CudaQuantLinear([packed(Q.Q4_K, 2 * n_ff, k, seed=3)], None, DEV)
+    down = CudaQuantLinear([packed(Q.Q6_K, k, n_ff, seed=4)], None, DEV)
+    norm = RMSNorm(k, 1e-5).to(DEV)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k, generator=gen) + 0.5)
+    x = torch.randn(1, k, generator=gen).to(DEV)
+    r = torch.randn(1, k, generator=gen).to(DEV)
+
+    def chain():
+        h, s = x, r
+        outs = []
+        for _ in range(2):
+            y, s = qkv.forward_normed(h, s, norm)
+            gu, s = gate_up.forward_normed(y, s, norm)
+            h = down.forward_act(gu, n_ff, "silu")
+            outs += [y, gu, h]
+        return torch.cat([o.float().flatten() for o in outs])
+
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "int8")
+    monkeypatch.setattr(pdl, "LEVEL", 0)
+    base = chain()
+    monkeypatch.setattr(pdl, "LEVEL", level)
+    assert torch.equal(chain(), base)  # eager
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(g):
+        out = chain()
+    for _ in range(3):
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, base)
+    for mod in (qkv, gate_up, down):
+        for s in mod.segments:
+            assert int(T._counters(s.packed(), 1).abs().sum()) == 0

@@ -108,11 +108,14 @@ def _group(x_ptr, q_ptr, grp, rn, lmask, valid, N, M, m0, stride_xm,
 
 
 @triton.jit
-def _scale(gw, sw, J: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
-           SIGNED: tl.constexpr, SUB: tl.constexpr):
-    """(scale, offset − zero·scale) of group ``J`` of the entry (its half J for SUB = 2)."""
+def _scale_of(gw, sw, code, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
+              SIGNED: tl.constexpr):
+    """(scale, offset − zero·scale) of a group (any shape: one word a column, or a tile of groups)
+    from its scale word ``gw``, the super-block word ``sw`` and, for ``TWO_LEVEL`` formats, the
+    group's integer sub-scale ``code`` (as a float: which half of ``gw`` holds it is the caller's
+    choice)."""
     if TWO_LEVEL:
-        s = _f16(sw, False) * _int(gw, J == 1, SIGNED)
+        s = _f16(sw, False) * code
         o = -ZERO * s
         if HAS_O:
             o += _f16(sw, True) * _int(gw, True, SIGNED)
@@ -122,6 +125,13 @@ def _scale(gw, sw, J: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
         if HAS_O:
             o += _f16(gw, True)
     return s, o
+
+
+@triton.jit
+def _scale(gw, sw, J: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
+           SIGNED: tl.constexpr, SUB: tl.constexpr):
+    """(scale, offset − zero·scale) of group ``J`` of the entry (its half J for SUB = 2)."""
+    return _scale_of(gw, sw, _int(gw, J == 1, SIGNED), ZERO, TWO_LEVEL, HAS_O, SIGNED)
 
 
 @triton.jit

@@ -26,8 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import cuda_pack
+from . import cuda_pack, pdl
 from .cuda_pack import SUPER, Packed
+from .pdl import gdc_launch_dependents, gdc_wait
 from .triton_gemv import _INTERPRET, Config, _finish, _meta, _scale, entries, launch_setup
 
 _SUPER = tl.constexpr(SUPER)
@@ -43,8 +44,29 @@ class QuantX(NamedTuple):
 
 
 @triton.jit
-def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, NB: tl.constexpr):
-    """Blocks of 32 columns NB·pid(1) … of row pid(0) (K a multiple of 32)."""
+def _pdl_start(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
+    """Under ``KVSERVE_GEMV_PDL`` (``pdl``): ``TRIGGER`` lets the GEMV after launch now (its first
+    weights load while this kernel runs); ``WAIT`` (this kernel a dependent launch itself) waits
+    for the kernel before, whose output is read after this."""
+    if WAIT:
+        gdc_wait()
+    if TRIGGER:
+        gdc_launch_dependents()
+
+
+def _pdl_args(device: torch.device, asked: int | None) -> dict:
+    """Launch arguments of a quantizing kernel at the PDL level of ``device``: from 1 it triggers
+    its dependents at its start, at 2 it is a dependent launch that waits first."""
+    lv = pdl.level(device, asked)
+    return dict(WAIT=lv > 1, TRIGGER=lv > 0, **({"launch_pdl": True} if lv > 1 else {}))
+
+
+@triton.jit
+def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, NB: tl.constexpr, WAIT: tl.constexpr,
+                    TRIGGER: tl.constexpr):
+    """Blocks of 32 columns NB·pid(1) … of row pid(0) (K a multiple of 32). ``WAIT`` / ``TRIGGER``:
+    ``_pdl_start``."""
+    _pdl_start(WAIT, TRIGGER)
     m = tl.program_id(0)
     blk = tl.program_id(1) * NB + tl.arange(0, NB)
     col = blk[:, None] * 32 + tl.arange(0, 32)[None, :]
@@ -62,15 +84,17 @@ def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, NB: tl.constexpr):
     tl.store(s_ptr + m * (2 * nb) + half, s, mask=half < 2 * nb)
 
 
-def quantize_x(x: torch.Tensor) -> QuantX:
-    """x [M, K] (rows with unit stride, K a multiple of 32) → ``QuantX``."""
+def quantize_x(x: torch.Tensor, pdl_level: int | None = None) -> QuantX:
+    """x [M, K] (rows with unit stride, K a multiple of 32) → ``QuantX``. ``pdl_level``: ``pdl``
+    (default ``KVSERVE_GEMV_PDL``; the same values with any)."""
     m, k = x.shape
     assert k % 32 == 0 and x.stride(1) == 1
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     d = torch.empty((m, k // 32), dtype=torch.float32, device=x.device)
     s = torch.empty((m, k // 16), dtype=torch.float32, device=x.device)
     nb = 16
-    _quant_x_kernel[(m, triton.cdiv(k // 32, nb))](x, q, d, s, k, x.stride(0), NB=nb, num_warps=4)
+    _quant_x_kernel[(m, triton.cdiv(k // 32, nb))](x, q, d, s, k, x.stride(0), NB=nb, num_warps=4,
+                                                    **_pdl_args(x.device, pdl_level))
     return QuantX(q.view(torch.int32), d, s)
 
 
@@ -95,28 +119,33 @@ def _store_quant(h, q_ptr, d_ptr, s_ptr, m, K, blk0, NB: tl.constexpr):
 
 
 @triton.jit
-def _norm_quant_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, q_ptr, d_ptr, s_ptr, K, eps, BLOCK: tl.constexpr):
+def _norm_quant_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, q_ptr, d_ptr, s_ptr, K, eps, BLOCK: tl.constexpr,
+                       WAIT: tl.constexpr, TRIGGER: tl.constexpr):
     """Row pid(0): sum = x + r (in x's dtype), h = rms_norm(sum) · w (rounded to the dtype, as
-    the RMSNorm kernel rounds its output), h quantized as ``quantize_x`` quantizes it."""
+    the RMSNorm kernel rounds its output), h quantized as ``quantize_x`` quantizes it. The norm's
+    weights w are read before ``_pdl_start``."""
     m = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     ok = c < K
     ty = x_ptr.dtype.element_ty
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    _pdl_start(WAIT, TRIGGER)
     xv = tl.load(x_ptr + m * K + c, mask=ok, other=0.0).to(tl.float32)
     rv = tl.load(r_ptr + m * K + c, mask=ok, other=0.0).to(tl.float32)
     sv = (xv + rv).to(ty)
     tl.store(sum_ptr + m * K + c, sv, mask=ok)
     sf = sv.to(tl.float32)
     y = sf * tl.rsqrt(tl.sum(sf * sf, 0) / K + eps)
-    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
     h = (y * w).to(ty).to(tl.float32)
     _store_quant(h, q_ptr, d_ptr, s_ptr, m, K, 0, BLOCK // 32)
 
 
 @triton.jit
-def _act_quant_kernel(gu_ptr, q_ptr, d_ptr, s_ptr, n_ff, stride_row, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def _act_quant_kernel(gu_ptr, q_ptr, d_ptr, s_ptr, n_ff, stride_row, GELU: tl.constexpr, BLOCK: tl.constexpr,
+                      WAIT: tl.constexpr, TRIGGER: tl.constexpr):
     """Columns BLOCK·pid(1) … of row pid(0): h = act(g) · u rounded as the act·mul kernel rounds
     (act(g) to the dtype, then the product), quantized as ``quantize_x`` quantizes it."""
+    _pdl_start(WAIT, TRIGGER)
     m = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < n_ff
@@ -138,7 +167,7 @@ def _empty_quant(m: int, k: int, device: torch.device) -> QuantX:
                   torch.empty((m, k // 16), dtype=torch.float32, device=device))
 
 
-def norm_quantize_x(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float
+def norm_quantize_x(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float, pdl_level: int | None = None
                     ) -> tuple[QuantX, torch.Tensor]:
     """(``quantize_x(rms_norm(x + r) · w)``, x + r) in one launch; x, r [M, K] contiguous, one
     dtype, K a multiple of 32: the RMSNorm before Q/K/V and gate/up hands the GEMV its codes."""
@@ -148,11 +177,11 @@ def norm_quantize_x(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: floa
     s = torch.empty_like(x)
     block = triton.next_power_of_2(k)
     _norm_quant_kernel[(m,)](x, r, w, s, xq.q, xq.d, xq.s, k, eps, BLOCK=block,
-                             num_warps=min(16, max(1, block // 256)))
+                             num_warps=min(16, max(1, block // 256)), **_pdl_args(x.device, pdl_level))
     return QuantX(xq.q.view(torch.int32), xq.d, xq.s), s
 
 
-def act_quantize_x(gu: torch.Tensor, n_ff: int, act: str) -> QuantX:
+def act_quantize_x(gu: torch.Tensor, n_ff: int, act: str, pdl_level: int | None = None) -> QuantX:
     """``quantize_x(act(gu[:, :n_ff]) · gu[:, n_ff:])`` in one launch (act = silu | gelu_tanh;
     n_ff a multiple of 32, rows of gu contiguous): act·mul hands the down projection its codes."""
     m = gu.shape[0]
@@ -160,7 +189,8 @@ def act_quantize_x(gu: torch.Tensor, n_ff: int, act: str) -> QuantX:
     xq = _empty_quant(m, n_ff, gu.device)
     block = min(1024, triton.next_power_of_2(n_ff))
     _act_quant_kernel[(m, triton.cdiv(n_ff, block))](gu, xq.q, xq.d, xq.s, n_ff, gu.stride(0),
-                                                      GELU=act == "gelu_tanh", BLOCK=block, num_warps=4)
+                                                      GELU=act == "gelu_tanh", BLOCK=block, num_warps=4,
+                                                      **_pdl_args(gu.device, pdl_level))
     return QuantX(xq.q.view(torch.int32), xq.d, xq.s)
 
 

@@ -31,7 +31,9 @@ import triton
 import triton.language as tl
 
 from .cuda_pack import SUPER, Packed
-from .triton_gemv import _INTERPRET, _counters, _f16, _finish, _int, _meta, _sms
+from .triton_gemv import _INTERPRET, _counters, _finish, _int, _meta, _scale_of, _sms
+from . import pdl
+from .pdl import gdc_launch_dependents, gdc_wait
 from .triton_q8 import QuantX, _dot4
 
 _SUPER = tl.constexpr(SUPER)
@@ -43,28 +45,6 @@ class TileConfig(NamedTuple):
     programs: int  # aim for about this many programs per multiprocessor (sets the K split)
     words: int  # code words per column per loop step (the tile: words / words a group groups)
     stages: int = 1  # software-pipelining depth of the K loop
-
-
-@triton.jit
-def _tile_scale(gw, sw, half, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
-                SIGNED: tl.constexpr, SUB: tl.constexpr):
-    """``triton_gemv._scale`` on a tile of groups: ``half`` [G, 1] says which half of a SUB = 2
-    entry a group is."""
-    if TWO_LEVEL:
-        if SUB == 2:
-            q = tl.where(half, _int(gw, True, SIGNED), _int(gw, False, SIGNED))
-        else:
-            q = _int(gw, False, SIGNED)
-        s = _f16(sw, False) * q
-        o = -ZERO * s
-        if HAS_O:
-            o += _f16(sw, True) * _int(gw, True, SIGNED)
-    else:
-        s = _f16(gw, False)
-        o = -ZERO * s
-        if HAS_O:
-            o += _f16(gw, True)
-    return s, o
 
 
 @triton.jit
@@ -111,55 +91,99 @@ def _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m, grp, gok, M, strid
 
 
 @triton.jit
+def _tile_load(q_ptr, gw_ptr, sw_ptr, g0, rn, nmask, N, NG, BITS: tl.constexpr, GS: tl.constexpr,
+               TWO_LEVEL: tl.constexpr, SUB: tl.constexpr, G: tl.constexpr):
+    """The weights of the tile of G groups from group g0: code words [G, words, BN] (6-bit: the low
+    plane, and the high plane [G, BN]), scale words [G, BN], super-block words [1 or G, BN]."""
+    WPG: tl.constexpr = GS * BITS // 32  # code words per group and column
+    LW: tl.constexpr = 2 if BITS == 6 else WPG  # of them in the [G, LW, BN] tile (6-bit: the low plane)
+    grp = g0 + tl.arange(0, G)  # [G]
+    gok = grp < NG
+    row = grp[:, None] * WPG + tl.arange(0, LW)[None, :]  # [G, LW]: word rows of the tile
+    words = tl.load(q_ptr + row[:, :, None] * N + rn[None, None, :],
+                    mask=gok[:, None, None] & nmask[None, None, :], other=0)
+    smask = gok[:, None] & nmask[None, :]
+    hiw = words  # not read below 6 bits
+    if BITS == 6:  # the high plane: word 2 of each group
+        hiw = tl.load(q_ptr + (grp * WPG + 2)[:, None] * N + rn[None, :], mask=smask, other=0)
+    gw = tl.load(gw_ptr + (grp // SUB)[:, None] * N + rn[None, :], mask=smask, other=0)
+    sw = gw
+    if TWO_LEVEL:
+        if G * GS <= _SUPER:  # a tile never crosses a super-block (tiles are aligned)
+            sw = tl.load(sw_ptr + ((g0 * GS) // _SUPER) * N + rn, mask=nmask & (g0 < NG), other=0)
+            sw = sw[None, :]
+        else:
+            sw = tl.load(sw_ptr + ((grp * GS) // _SUPER)[:, None] * N + rn[None, :], mask=smask, other=0)
+    return words, hiw, gw, sw
+
+
+@triton.jit
+def _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0, M, NG, stride_qm, stride_dm,
+              stride_sm, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+              HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              G: tl.constexpr):
+    """a_r += the tile's terms of batch row m0 + r (its activations are read here)."""
+    WPG: tl.constexpr = GS * BITS // 32
+    grp = g0 + tl.arange(0, G)
+    gok = grp < NG
+    if TWO_LEVEL and SUB == 2:  # which half of the entry a group is
+        code = tl.where((grp % 2 == 1)[:, None], _int(gw, True, SIGNED), _int(gw, False, SIGNED))
+    else:
+        code = _int(gw, False, SIGNED)
+    sc, off = _scale_of(gw, sw, code, ZERO, TWO_LEVEL, HAS_O, SIGNED)
+    a0 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
+                    stride_sm, BITS, GS, G, WPG, BN)
+    if BM > 1:
+        a1 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 1, grp, gok, M, stride_qm,
+                        stride_dm, stride_sm, BITS, GS, G, WPG, BN)
+    if BM > 2:
+        a2 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 2, grp, gok, M, stride_qm,
+                        stride_dm, stride_sm, BITS, GS, G, WPG, BN)
+        a3 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 3, grp, gok, M, stride_qm,
+                        stride_dm, stride_sm, BITS, GS, G, WPG, BN)
+    return a0, a1, a2, a3
+
+
+@triton.jit
 def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, STEPS, S,
                BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-               STAGES: tl.constexpr, SB: tl.constexpr):
-    """NG groups along K; K slice ``program_id(2)`` runs ``STEPS`` tiles of ``G`` groups."""
-    WPG: tl.constexpr = GS * BITS // 32  # code words per group and column
-    LW: tl.constexpr = 2 if BITS == 6 else WPG  # of them in the [G, LW, BN] tile (6-bit: the low plane)
-    pid_m = tl.program_id(0)
-    m0 = pid_m * BM
+               STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
+               TRIGGER: tl.constexpr):
+    """NG groups along K; K slice ``program_id(2)`` runs ``STEPS`` tiles of ``G`` groups.
+
+    ``PRE``: the slice's first tile of weights is loaded before anything the kernels before
+    write (activations, partials, counters) is read, and with ``GDC`` (a programmatic dependent
+    launch, compiled kernels only) before ``gdc_wait``: its loads are in flight while the kernel
+    before finishes. The same terms in the same order as without (the same bits). ``TRIGGER``
+    (with ``GDC``): the next kernel may launch once every program has passed its wait."""
+    s0 = tl.program_id(2) * STEPS
+    m0 = tl.program_id(0) * BM
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     nmask = rn < N
-    gi = tl.arange(0, G)
-    wi = tl.arange(0, LW)
     a0 = tl.zeros((BN,), dtype=tl.float32)
     a1 = tl.zeros((BN,), dtype=tl.float32)
     a2 = tl.zeros((BN,), dtype=tl.float32)
     a3 = tl.zeros((BN,), dtype=tl.float32)
-    for t in tl.range(0, STEPS, num_stages=STAGES):
-        g0 = (tl.program_id(2) * STEPS + t) * G
-        grp = g0 + gi  # [G]
-        gok = grp < NG
-        row = grp[:, None] * WPG + wi[None, :]  # [G, WPG]: word rows of the tile
-        words = tl.load(q_ptr + row[:, :, None] * N + rn[None, None, :],
-                        mask=gok[:, None, None] & nmask[None, None, :], other=0)
-        smask = gok[:, None] & nmask[None, :]
-        hiw = words  # not read below 6 bits
-        if BITS == 6:  # the high plane: word 2 of each group
-            hiw = tl.load(q_ptr + (grp * WPG + 2)[:, None] * N + rn[None, :], mask=smask, other=0)
-        gw = tl.load(gw_ptr + (grp // SUB)[:, None] * N + rn[None, :], mask=smask, other=0)
-        sw = gw
-        if TWO_LEVEL:
-            if G * GS <= _SUPER:  # a tile never crosses a super-block (tiles are aligned)
-                sw = tl.load(sw_ptr + ((g0 * GS) // _SUPER) * N + rn, mask=nmask & (g0 < NG), other=0)
-                sw = sw[None, :]
-            else:
-                sw = tl.load(sw_ptr + ((grp * GS) // _SUPER)[:, None] * N + rn[None, :], mask=smask, other=0)
-        sc, off = _tile_scale(gw, sw, (grp % 2 == 1)[:, None], ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB)
-        a0 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
-                        stride_sm, BITS, GS, G, WPG, BN)
-        if BM > 1:
-            a1 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 1, grp, gok, M, stride_qm,
-                            stride_dm, stride_sm, BITS, GS, G, WPG, BN)
-        if BM > 2:
-            a2 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 2, grp, gok, M, stride_qm,
-                            stride_dm, stride_sm, BITS, GS, G, WPG, BN)
-            a3 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0 + 3, grp, gok, M, stride_qm,
-                            stride_dm, stride_sm, BITS, GS, G, WPG, BN)
+    FIRST: tl.constexpr = 1 if PRE else 0  # tiles done before the loop
+    if PRE:
+        words, hiw, gw, sw = _tile_load(q_ptr, gw_ptr, sw_ptr, s0 * G, rn, nmask, N, NG, BITS, GS, TWO_LEVEL,
+                                        SUB, G)
+        if GDC:
+            gdc_wait()  # the activations (and everything the kernels before write) complete from here
+            if TRIGGER:
+                gdc_launch_dependents()
+        a0, a1, a2, a3 = _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, s0 * G, xq_ptr, xd_ptr, xs_ptr, m0, M,
+                                   NG, stride_qm, stride_dm, stride_sm, BITS, GS, ZERO, TWO_LEVEL, HAS_O,
+                                   SIGNED, SUB, BM, BN, G)
+    for t in tl.range(FIRST, STEPS, num_stages=STAGES):
+        g0 = (s0 + t) * G
+        words, hiw, gw, sw = _tile_load(q_ptr, gw_ptr, sw_ptr, g0, rn, nmask, N, NG, BITS, GS, TWO_LEVEL, SUB, G)
+        a0, a1, a2, a3 = _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0, M, NG,
+                                   stride_qm, stride_dm, stride_sm, BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED,
+                                   SUB, BM, BN, G)
     _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
             HAS_BIAS, BM, BN, SPLIT, SB)
 
@@ -171,10 +195,12 @@ def _tile_kernel(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_
                  BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                  HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                 STAGES: tl.constexpr, SB: tl.constexpr):
+                 STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
+                 TRIGGER: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
-               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB)
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
+               PRE, GDC, TRIGGER)
 
 
 @triton.jit
@@ -183,10 +209,12 @@ def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_p
                        BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                        HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                       STAGES: tl.constexpr, SB: tl.constexpr):
+                       STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
+                 TRIGGER: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
-               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB)
+               BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
+               PRE, GDC, TRIGGER)
 
 
 # The sweep of ``bench/quant_cuda.py --sweep`` at batch 1 on an H200 over the Llama-3-8B Q4_K_M
@@ -227,8 +255,14 @@ def groups_of(p: Packed, cfg: TileConfig, m: int) -> int:
 
 
 def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = None,
-         cfg: TileConfig | None = None) -> torch.Tensor:
-    """out [M, n] (a view with unit column stride) = the GEMV of ``xq`` (``quantize_x``) by Wᵀ, + bias."""
+         cfg: TileConfig | None = None, pdl_level: int | None = None) -> torch.Tensor:
+    """out [M, n] (a view with unit column stride) = the GEMV of ``xq`` (``quantize_x``) by Wᵀ, + bias.
+
+    ``pdl_level`` (default ``KVSERVE_GEMV_PDL``, see ``pdl``): from 1 each K slice loads its first
+    tile before it reads the activations, and where PDL is supported the launch is a programmatic
+    dependent one that loads it before waiting for the kernel before; 2 also lets the kernel
+    after launch early. Where PDL is not supported (the interpreter) the first tile is still
+    loaded first: the same arithmetic in the same order."""
     m = xq.q.shape[0]
     assert xq.q.shape[1] * 4 == p.k and out.shape == (m, p.n) and out.stride(1) == 1
     cfg = cfg or default_config(p, m)
@@ -252,9 +286,12 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
         part, cnt = out, p.gw  # not read
     # SB: the last slice sums 16 slices' partials a round (one compilation for any split)
     kernel = _tile_kernel_const if _INTERPRET else _tile_kernel
+    pre = (pdl.LEVEL if pdl_level is None else pdl_level) > 0
+    lv = pdl.level(out.device, pdl_level)
+    extra = {"launch_pdl": True} if lv else {}
     kernel[grid](xq.q, xq.d, xq.s, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, ng,
                  xq.q.stride(0), xq.d.stride(0), xq.s.stride(0), out.stride(0), steps, splits,
                  HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, G=g, SPLIT=splits > 1, STAGES=cfg.stages,
-                 SB=16, num_warps=cfg.warps, **_meta(p))
+                 SB=16, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1, num_warps=cfg.warps, **_meta(p), **extra)
     return out
 

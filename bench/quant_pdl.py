@@ -1,0 +1,92 @@
+"""Batch-1 decode of quantized GGUF files at each ``KVSERVE_GEMV_PDL`` setting, alternated on one
+loaded model (``bench/engine.py``'s runner and decode loop; a new runner, so new CUDA graphs,
+per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in one process.
+
+    python bench/quant_pdl.py --synth SHAPE --synth-qtype Q4_K_M --device cuda --weights quant \\
+        --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --settings 0,1,2,2+attn --rounds 2
+
+``--settings``: ``KVSERVE_GEMV_PDL`` levels (``kvserve.model.quant.pdl``); ``+attn`` adds
+``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too).
+``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
+the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings. The table: tok/s per setting and the
+fraction of the roofline (weights + the context's KV at the copy bandwidth measured in the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from common import print_table  # noqa: E402
+from engine import DTYPES, Bench, copy_bandwidth, models_from_args, parse_args, print_kernels, weight_bytes  # noqa: E402
+
+from kvserve.model.loader import load_gguf  # noqa: E402
+from kvserve.model.quant import pdl  # noqa: E402
+
+
+def apply(setting: str) -> None:
+    level, _, extra = setting.partition("+")
+    pdl.LEVEL = int(level)
+    os.environ["KVSERVE_DECODE_PDL"] = "1" if extra == "attn" else "0"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--settings", default="0,1,2")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kernels-for", default="", help="settings whose step kernels to list (first round)")
+    own, rest = ap.parse_known_args()
+    args = parse_args(rest)
+    settings = own.settings.split(",")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    bw = copy_bandwidth(device) if cuda else float("nan")  # (a CPU run: a smoke test of the script)
+    print(f"device {torch.cuda.get_device_name(0) if cuda else 'cpu'}, torch {torch.__version__}, "
+          f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    rows = []
+    for name, path in models_from_args(args):
+        loaded = load_gguf(path, dtype=DTYPES[args.dtype], device=device, weights=args.weights)
+        if loaded.summary is not None:
+            print(f"{name}: {loaded.summary.line()}", flush=True)
+        wb = weight_bytes(loaded)
+        got: dict[str, list[float]] = {s: [] for s in settings}
+        kv = 0
+        for rnd in range(own.rounds):
+            for s in settings:
+                apply(s)
+                b = Bench(loaded, args)
+                kv = args.ctx * loaded.cfg.kv_bytes_per_token(b.runner.kv.k.element_size())
+                tps = b.decode(1)
+                got[s].append(tps)
+                print(f"{name}: KVSERVE_GEMV_PDL={s} round {rnd}: decode b1 {tps:.1f} tok/s", flush=True)
+                if cuda and rnd == 0 and (args.kernels or s in own.kernels_for.split(",")):
+                    print_kernels(f"{name} KVSERVE_GEMV_PDL={s}", 1, b.decode_setup(1), 1e6 / tps, args.steps // 2)
+                del b
+                torch.cuda.empty_cache()
+        roof = bw / (wb + kv)
+        base = statistics.median(got[settings[0]])
+        for s in settings:
+            med = statistics.median(got[s])
+            rows.append([name.split(",n_vocab=")[-1].split(",")[0], s, wb / 1e9, med,
+                         " / ".join(f"{t:.1f}" for t in got[s]), 1e3 / med, med / roof, med / base])
+        del loaded
+        torch.cuda.empty_cache()
+        table(rows, args, bw, settings)
+    apply("0")
+    return 0
+
+
+def table(rows: list, args: argparse.Namespace, bw: float, settings: list[str]) -> None:
+    print(f"\n## Batch-1 decode per KVSERVE_GEMV_PDL setting (roofline: weights + {args.ctx} tokens of KV "
+          f"at {bw / 1e9:.0f} GB/s)\n")
+    print_table(["n_vocab", "setting", "weights GB", "tok/s (median)", "rounds", "ms / step", "fraction of roofline",
+                 f"/ setting {settings[0]}"], rows, digits=3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
