@@ -6,7 +6,9 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
         --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --settings 0,1,2,2+attn --rounds 2
 
 ``--settings``: ``KVSERVE_GEMV_PDL`` levels (``kvserve.model.quant.pdl``); ``+attn`` adds
-``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too).
+``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+pN`` runs every
+tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
+table's 8 otherwise).
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
 the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings. The table: tok/s per setting and the
 fraction of the roofline (weights + the context's KV at the copy bandwidth measured in the run).
@@ -26,13 +28,20 @@ from common import print_table  # noqa: E402
 from engine import DTYPES, Bench, copy_bandwidth, models_from_args, parse_args, print_kernels, weight_bytes  # noqa: E402
 
 from kvserve.model.loader import load_gguf  # noqa: E402
-from kvserve.model.quant import pdl  # noqa: E402
+from kvserve.model.quant import pdl, triton_q8_tile  # noqa: E402
+
+
+DEFAULT_CONFIGS = list(triton_q8_tile.CONFIGS)
 
 
 def apply(setting: str) -> None:
-    level, _, extra = setting.partition("+")
+    level, *extra = setting.split("+")
     pdl.LEVEL = int(level)
-    os.environ["KVSERVE_DECODE_PDL"] = "1" if extra == "attn" else "0"
+    os.environ["KVSERVE_DECODE_PDL"] = "1" if "attn" in extra else "0"
+    triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
+    for e in extra:
+        if e.startswith("p"):  # every tensor's K split set for N programs a multiprocessor
+            triton_q8_tile.CONFIGS[:] = [(None, DEFAULT_CONFIGS[-1][1]._replace(programs=int(e[1:])))]
 
 
 def main() -> int:
