@@ -1,11 +1,11 @@
-"""Batch-1 decode of quantized GGUF files at each ``KVSERVE_GEMV_PDL`` setting, alternated on one
+"""Batch-1 decode of quantized GGUF files at each ``KVSERVE_QUANT_GEMV_PDL`` setting, alternated on one
 loaded model (``bench/engine.py``'s runner and decode loop; a new runner, so new CUDA graphs,
 per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in one process.
 
     python bench/quant_pdl.py --synth SHAPE --synth-qtype Q4_K_M --device cuda --weights quant \\
         --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --settings 0,1,2,2+attn --rounds 2
 
-``--settings``: ``KVSERVE_GEMV_PDL`` levels (``kvserve.model.quant.pdl``); ``+attn`` adds
+``--settings``: ``KVSERVE_QUANT_GEMV_PDL`` levels (``kvserve.model.quant.pdl``); ``+attn`` adds
 ``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+pN`` runs every
 tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
 table's 8 otherwise).
@@ -72,9 +72,9 @@ def main() -> int:
                 kv = args.ctx * loaded.cfg.kv_bytes_per_token(b.runner.kv.k.element_size())
                 tps = b.decode(1)
                 got[s].append(tps)
-                print(f"{name}: KVSERVE_GEMV_PDL={s} round {rnd}: decode b1 {tps:.1f} tok/s", flush=True)
+                print(f"{name}: KVSERVE_QUANT_GEMV_PDL={s} round {rnd}: decode b1 {tps:.1f} tok/s", flush=True)
                 if cuda and rnd == 0 and (args.kernels or s in own.kernels_for.split(",")):
-                    print_kernels(f"{name} KVSERVE_GEMV_PDL={s}", 1, b.decode_setup(1), 1e6 / tps, args.steps // 2)
+                    print_kernels(f"{name} KVSERVE_QUANT_GEMV_PDL={s}", 1, b.decode_setup(1), 1e6 / tps, args.steps // 2)
                 del b
                 torch.cuda.empty_cache()
         roof = bw / (wb + kv)
@@ -91,7 +91,7 @@ def main() -> int:
 
 
 def table(rows: list, args: argparse.Namespace, bw: float, settings: list[str]) -> None:
-    print(f"\n## Batch-1 decode per KVSERVE_GEMV_PDL setting (roofline: weights + {args.ctx} tokens of KV "
+    print(f"\n## Batch-1 decode per KVSERVE_QUANT_GEMV_PDL setting (roofline: weights + {args.ctx} tokens of KV "
           f"at {bw / 1e9:.0f} GB/s)\n")
     print_table(["n_vocab", "setting", "weights GB", "tok/s (median)", "rounds", "ms / step", "fraction of roofline",
                  f"/ setting {settings[0]}"], rows, digits=3)

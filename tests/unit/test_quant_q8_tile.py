@@ -133,7 +133,7 @@ def test_module_runs_q6_k_planes_on_the_tiled_kernel_whatever_the_switches(monke
 
 @pytest.mark.parametrize("qtype,n,k", [CASES[0], CASES[1], CASES[3]], ids=lambda c: getattr(c, "name", str(c)))
 def test_first_tile_before_the_wait_gives_the_same_bits(qtype, n, k):
-    """``KVSERVE_GEMV_PDL`` 1 and 2 (the first tile loaded before the activations; on sm90 a
+    """``KVSERVE_QUANT_GEMV_PDL`` 1 and 2 (the first tile loaded before the activations; on sm90 a
     programmatic dependent launch waiting in between, where the interpreter runs no wait) give
     the bits of 0: one K slice, several, slices of unequal length, 3 and 9 rows."""
     p = packed(qtype, n, k, seed=12)
@@ -168,7 +168,7 @@ def test_quantizing_kernels_give_the_same_bits_under_pdl():
 @pytest.mark.parametrize("level", [1, 2])
 def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch, level):
     """Two layers' worth of norm + quantize → Q4_K/Q6_K GEMVs (two segments, the second on the
-    side stream) → act·mul + quantize → down GEMV, captured with ``KVSERVE_GEMV_PDL`` at ``level``
+    side stream) → act·mul + quantize → down GEMV, captured with ``KVSERVE_QUANT_GEMV_PDL`` at ``level``
     (programmatic dependent launches where the device has them) and replayed: every replay
     gives the bits of the same chain launched plainly, and the split GEMVs' counters are back at 0."""
     from kvserve.model.layers import RMSNorm

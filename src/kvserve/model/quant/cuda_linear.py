@@ -16,7 +16,7 @@ the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
 down), so that a decode layer launches no quantizer of its own for them. The tiled GEMVs and
 those quantizing kernels are programmatic dependent launches on sm90 (``pdl``,
-``KVSERVE_GEMV_PDL``): each GEMV's first weights load while the kernel before still runs.
+``KVSERVE_QUANT_GEMV_PDL``): each GEMV's first weights load while the kernel before still runs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Programmatic dependent launch (PDL, sm90+) of the int8 tiled GEMV and the kernels feeding it.
 
-``KVSERVE_GEMV_PDL`` (an A/B switch; default 2, 0 keeps ordinary launches):
+``KVSERVE_QUANT_GEMV_PDL`` (an A/B switch; default 2, 0 keeps ordinary launches):
 
 - ``1``: every tiled GEMV is launched as a programmatic dependent launch. Each K slice issues the
   loads of its first tile of weights (nothing a kernel of the step writes), then waits for the
@@ -33,9 +33,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 __all__ = ["LEVEL", "gdc_launch_dependents", "gdc_wait", "level", "supported"]
 
-LEVEL = int(os.environ.get("KVSERVE_GEMV_PDL", "2") or 0)
+LEVEL = int(os.environ.get("KVSERVE_QUANT_GEMV_PDL", "2") or 0)
 if LEVEL not in (0, 1, 2):
-    raise ValueError(f"KVSERVE_GEMV_PDL={LEVEL}: 0, 1 or 2")
+    raise ValueError(f"KVSERVE_QUANT_GEMV_PDL={LEVEL}: 0, 1 or 2")
 
 
 @functools.cache
@@ -51,7 +51,7 @@ def supported(device: torch.device) -> bool:
 
 
 def level(device: torch.device, asked: int | None = None) -> int:
-    """The PDL level a launch on ``device`` runs at (``asked``, default ``KVSERVE_GEMV_PDL``; 0
+    """The PDL level a launch on ``device`` runs at (``asked``, default ``KVSERVE_QUANT_GEMV_PDL``; 0
     where PDL is not supported)."""
     lv = LEVEL if asked is None else asked
     return lv if lv and supported(device) else 0

@@ -45,7 +45,7 @@ class QuantX(NamedTuple):
 
 @triton.jit
 def _pdl_start(WAIT: tl.constexpr, TRIGGER: tl.constexpr):
-    """Under ``KVSERVE_GEMV_PDL`` (``pdl``): ``TRIGGER`` lets the GEMV after launch now (its first
+    """Under ``KVSERVE_QUANT_GEMV_PDL`` (``pdl``): ``TRIGGER`` lets the GEMV after launch now (its first
     weights load while this kernel runs); ``WAIT`` (this kernel a dependent launch itself) waits
     for the kernel before, whose output is read after this."""
     if WAIT:
@@ -86,7 +86,7 @@ def _quant_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, NB: tl.constexpr, 
 
 def quantize_x(x: torch.Tensor, pdl_level: int | None = None) -> QuantX:
     """x [M, K] (rows with unit stride, K a multiple of 32) → ``QuantX``. ``pdl_level``: ``pdl``
-    (default ``KVSERVE_GEMV_PDL``; the same values with any)."""
+    (default ``KVSERVE_QUANT_GEMV_PDL``; the same values with any)."""
     m, k = x.shape
     assert k % 32 == 0 and x.stride(1) == 1
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)

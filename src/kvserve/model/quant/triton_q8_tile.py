@@ -258,7 +258,7 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
          cfg: TileConfig | None = None, pdl_level: int | None = None) -> torch.Tensor:
     """out [M, n] (a view with unit column stride) = the GEMV of ``xq`` (``quantize_x``) by Wᵀ, + bias.
 
-    ``pdl_level`` (default ``KVSERVE_GEMV_PDL``, see ``pdl``): from 1 each K slice loads its first
+    ``pdl_level`` (default ``KVSERVE_QUANT_GEMV_PDL``, see ``pdl``): from 1 each K slice loads its first
     tile before it reads the activations, and where PDL is supported the launch is a programmatic
     dependent one that loads it before waiting for the kernel before; 2 also lets the kernel
     after launch early. Where PDL is not supported (the interpreter) the first tile is still
