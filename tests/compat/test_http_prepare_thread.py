@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+
 from kvserve.server.completions import PREPARE_IN_THREAD_BYTES
 from tests.compat.test_http_fake_engine import FakeEngine, client, sse_events
 
@@ -72,8 +74,13 @@ class BatchingTokenizer(FakeEngine().tokenizer.__class__):  # type: ignore[misc]
         return ([self.bos_id] if add_special and self.add_bos else []) + list(ids)
 
 
-def test_long_completion_prompts_are_batch_encoded_off_the_loop_and_kept() -> None:
+@pytest.mark.parametrize("keep", [0, 1 << 20])
+def test_long_completion_prompts_are_batch_encoded_off_the_loop(monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
+    """... and with KVSERVE_TOKEN_CACHE (here ``keep`` ids) a text sent again is not encoded again."""
     from kvserve.model.tokenizer import RELEASE_GIL_CHARS
+    from kvserve.server import batch_encode
+
+    monkeypatch.setattr(batch_encode, "CACHE_TOKENS", keep)
 
     eng = FakeEngine(n_ctx_slot=1 << 20)
     tok = eng.tokenizer = BatchingTokenizer()
@@ -100,7 +107,7 @@ def test_long_completion_prompts_are_batch_encoded_off_the_loop_and_kept() -> No
     assert eng.submitted[1].prompt_tokens == [5, 6] + tok.encode(mixed[2], False, True) \
         + tok.encode("short", False, True)
     again = c.post("/completion", json={"prompt": long_prompt, "n_predict": 2})
-    assert again.status_code == 200 and len(tok.batches) == 2  # the same text: its ids were kept
+    assert again.status_code == 200 and len(tok.batches) == (2 if keep else 3)  # kept, or encoded again
     assert eng.submitted[2].prompt_tokens == eng.submitted[0].prompt_tokens
     # errors are the inline path's
     for body in ({"prompt": long_prompt, "n_probs": "many"}, {"prompt": [long_prompt, [1, 10 ** 9]]}):

@@ -10,10 +10,12 @@ the loop), and their validation runs on the loop with the ids at hand (``Pretoke
 interpreter-lock hand-off between the loop and a worker per request while the engine thread
 holds the lock in between. This is how vLLM's API server batches its tokenizer calls.
 
-Texts tokenized lately are kept (``KVSERVE_TOKEN_CACHE`` ids, default 262,144, about 1 MiB;
-0 = off), keyed by the text itself and ``parse_special``: the same prompt sent again (a repeated
-burst, retries, the same document asked again) is answered on the loop without a worker.
-Tokenization is deterministic, so a kept entry is what encoding the text again gives.
+``KVSERVE_TOKEN_CACHE=N`` (default 0, off) keeps the ids of texts tokenized lately, up to N ids
+(4 bytes each), keyed by the text itself and ``parse_special``: the same prompt sent again (a
+repeated burst, retries) is then answered on the loop without a worker. Tokenization is
+deterministic, so a kept entry is what encoding the text again gives. Off by default: on an
+H200 it did not shorten the repeated burst (docs/benchmarks.md), where the interpreter lock and
+not the tokenizer's CPU time sets the pace.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from kvserve.model.tokenizer import RELEASE_GIL_CHARS
 
-CACHE_TOKENS = int(os.environ.get("KVSERVE_TOKEN_CACHE", "262144"))
+CACHE_TOKENS = int(os.environ.get("KVSERVE_TOKEN_CACHE", "0"))
 
 Key = tuple[str, bool]  # (text, parse_special)
 
@@ -34,12 +36,12 @@ Key = tuple[str, bool]  # (text, parse_special)
 class BatchEncoder:
     """The texts of one event loop's requests, encoded in batches (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, cache_tokens: int = CACHE_TOKENS) -> None:
+    def __init__(self, tokenizer: Any, cache_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
         self._queued: dict[Key, list[asyncio.Future[list[int]]]] = {}
         self._busy = False
         self._cache: OrderedDict[Key, array[int]] = OrderedDict()
-        self._cache_cap = max(0, cache_tokens)
+        self._cache_cap = max(0, CACHE_TOKENS if cache_tokens is None else cache_tokens)
         self._cache_tokens = 0
         self.n_jobs = 0  # worker jobs run (tests, metrics of the benchmarks)
 
