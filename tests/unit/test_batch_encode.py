@@ -141,3 +141,39 @@ def test_long_prompt_texts_finds_the_long_strings_of_every_prompt_form() -> None
     assert long_prompt_texts([1, 2, 3]) is None and long_prompt_texts(None) is None
     assert long_prompt_texts([long, short, [5, long + "a"], {"prompt_string": long + "b"},
                               {"prompt_string": [1, long + "c"]}]) == [long, long + "a", long + "b", long + "c"]
+
+
+def test_at_most_max_jobs_run_at_once_and_each_takes_what_is_queued(
+        tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from kvserve.server import batch_encode
+
+    monkeypatch.setattr(batch_encode, "MAX_JOBS", 2)
+    lock = threading.Lock()
+    now = [0, 0]  # running, most at once
+
+    class Slow(SpyTokenizer):
+        def encode_texts(self, texts: list[str], parse_special: bool) -> list[list[int]]:
+            with lock:
+                now[0] += 1
+                now[1] = max(now[1], now[0])
+            time.sleep(0.05)
+            try:
+                return super().encode_texts(texts, parse_special)
+            finally:
+                with lock:
+                    now[0] -= 1
+
+    long = texts_for(tok)[0]
+    prompts = [f"{long} question {i}" for i in range(12)]
+    spy = Slow(tok, [])
+    enc = BatchEncoder(spy, cache_tokens=0)
+
+    async def burst() -> list[dict[Any, list[int]]]:
+        return await asyncio.gather(*(enc.encode([(p, True)]) for p in prompts))
+
+    got = asyncio.run(burst())
+    assert [g[(p, True)] for g, p in zip(got, prompts)] == [tok.encode(p, False, True) for p in prompts]
+    assert now[1] == 2  # two jobs overlapped, never more
+    assert spy.batches[:2] == [1, 1] and sum(spy.batches) == len(prompts) and len(spy.batches) < len(prompts)

@@ -1,9 +1,10 @@
 """Long prompt texts of concurrent requests tokenized together, off the event loop.
 
 A completion request whose prompt has long texts (``RELEASE_GIL_CHARS`` or more) hands them to the
-``BatchEncoder`` of its event loop and waits; the encoder runs one worker-thread job at a time,
-and a job takes every text queued when it starts: one ``Tokenizer.encode_texts`` call (the
-library's batch encode, without the interpreter lock, the texts on several cores at once). The 64
+``BatchEncoder`` of its event loop and waits; the encoder runs a few worker-thread jobs at a time
+(``MAX_JOBS``), and a job takes every text queued when it starts: one ``Tokenizer.encode_texts``
+call (the library's batch encode, without the interpreter lock, the texts on several cores at
+once; several jobs at once keep the cores busy where the library runs a batch on one). The 64
 requests of a burst then cost a few worker hand-offs, not one each (a thread-pool submission,
 the worker taking the interpreter lock to run the request's validation, the result's way back to
 the loop), and their validation runs on the loop with the ids at hand (``Pretokenized``): no
@@ -30,6 +31,9 @@ from kvserve.model.tokenizer import RELEASE_GIL_CHARS
 
 CACHE_TOKENS = int(os.environ.get("KVSERVE_TOKEN_CACHE", "0"))
 
+# worker jobs at once: each takes what is queued when it starts
+MAX_JOBS = max(1, min(4, os.cpu_count() or 1))
+
 Key = tuple[str, bool]  # (text, parse_special)
 
 
@@ -39,7 +43,7 @@ class BatchEncoder:
     def __init__(self, tokenizer: Any, cache_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
         self._queued: dict[Key, list[asyncio.Future[list[int]]]] = {}
-        self._busy = False
+        self._running = 0  # worker jobs under way
         self._cache: OrderedDict[Key, array[int]] = OrderedDict()
         self._cache_cap = max(0, CACHE_TOKENS if cache_tokens is None else cache_tokens)
         self._cache_tokens = 0
@@ -68,9 +72,9 @@ class BatchEncoder:
         return out
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._busy or not self._queued:
+        if self._running >= MAX_JOBS or not self._queued:
             return
-        self._busy = True
+        self._running += 1
         job, self._queued = self._queued, {}
         self.n_jobs += 1
         work = loop.run_in_executor(None, self._run, list(job))
@@ -87,7 +91,7 @@ class BatchEncoder:
 
     def _done(self, loop: asyncio.AbstractEventLoop, job: dict[Key, list[asyncio.Future[list[int]]]],
               work: asyncio.Future[list[list[int]]]) -> None:  # on the loop
-        self._busy = False
+        self._running -= 1
         err = work.exception() if not work.cancelled() else asyncio.CancelledError()
         results = None if err is not None else work.result()
         for i, (k, futs) in enumerate(job.items()):
