@@ -6,7 +6,8 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
         --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --settings 0,1,2,2+attn --rounds 2
 
 ``--settings``: ``KVSERVE_QUANT_GEMV_PDL`` levels (``kvserve.model.quant.pdl``); ``+attn`` adds
-``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+pN`` runs every
+``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+notrig``
+``KVSERVE_DECODE_TRIGGER=0`` (the one-launch decode attention does not let the kernel after it start early), ``+pN`` runs every
 tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
 table's 8 otherwise).
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
@@ -28,6 +29,7 @@ from common import print_table  # noqa: E402
 from engine import DTYPES, Bench, copy_bandwidth, models_from_args, parse_args, print_kernels, weight_bytes  # noqa: E402
 
 from kvserve.model.loader import load_gguf  # noqa: E402
+from kvserve.model.backends.triton_kernels import fused_decode  # noqa: E402
 from kvserve.model.quant import pdl, triton_q8_tile  # noqa: E402
 
 
@@ -38,6 +40,7 @@ def apply(setting: str) -> None:
     level, *extra = setting.split("+")
     pdl.LEVEL = int(level)
     os.environ["KVSERVE_DECODE_PDL"] = "1" if "attn" in extra else "0"
+    fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
     for e in extra:
         if e.startswith("p"):  # every tensor's K split set for N programs a multiprocessor
