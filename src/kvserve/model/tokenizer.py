@@ -348,24 +348,6 @@ class Tokenizer:
             out.append(self.eos_id)  # type: ignore[arg-type]
         return out
 
-    def encode_texts(self, texts: Sequence[str], parse_special: bool) -> list[list[int]]:
-        """The ids of each text without BOS/EOS (``encode(t, False, parse_special)`` for each),
-        in one library call without the interpreter lock: the texts are encoded on several
-        cores at once. ``with_specials`` adds what ``add_special`` would."""
-        texts = [_SURROGATES.sub("\ufffd", t) if _SURROGATES.search(t) else t for t in texts]
-        hf = self._hf if parse_special else self._literal()
-        return [e.ids if t else [] for t, e in zip(texts, hf.encode_batch(texts, add_special_tokens=False))]
-
-    def with_specials(self, ids: Sequence[int], add_special: bool) -> list[int]:
-        """``encode``'s result from ``encode_texts``' ids of the same text."""
-        if not add_special:
-            return list(ids)
-        out = [self.bos_id] if self.vocab.add_bos else []
-        out += ids
-        if self.vocab.add_eos:
-            out.append(self.eos_id)
-        return out  # type: ignore[return-value]
-
     def _literal(self) -> HFTokenizer:
         """The library object with special tokens left as text (parse_special false)."""
         hf = self._hf_literal

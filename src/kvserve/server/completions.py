@@ -23,7 +23,6 @@ from kvserve.engine.request import CacheIdentity, ErrorEvent, GenerationRequest
 from kvserve.server import anthropic_out, responses_out, sse
 from kvserve.server import responses as R
 from kvserve.server.anthropic import anthropic_to_chat
-from kvserve.server.batch_encode import Pretokenized, encoder_of, long_prompt_texts
 from kvserve.server.chat import prepare_chat
 from kvserve.server.chat_parsing.reasoning import detect_think_tags
 from kvserve.server.chat_tools import template_source
@@ -45,8 +44,7 @@ from kvserve.server.responses_api import responses_to_chat
 from kvserve.server.settings import ServerSettings
 
 
-# Request bodies at least this large are tokenized in a worker thread (a completion's long prompt
-# texts through the loop's BatchEncoder, others validated and tokenized there as a whole).
+# Request bodies at least this large are validated and tokenized in a worker thread.
 PREPARE_IN_THREAD_BYTES = 2048
 
 
@@ -63,10 +61,6 @@ class Kind(enum.Enum):
         return self in (Kind.OAI_CHAT, Kind.ANTHROPIC, Kind.OAI_RESP)
 
 
-# Kinds whose body's "prompt" is what is tokenized (chat renders its prompt first; infill builds it)
-_PRETOKENIZED = (Kind.NATIVE, Kind.OAI_COMPLETION)
-
-
 def to_chat_body(kind: Kind, body: dict[str, Any], engine: EngineAPI) -> dict[str, Any]:
     """Anthropic and Responses bodies as the chat body they stand for (others unchanged)."""
     if kind is Kind.ANTHROPIC:
@@ -81,11 +75,10 @@ def tenant_of(request: Request) -> str:
     return str(request.scope.get("state", {}).get("api_key", ""))
 
 
-def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettings, tok: Any = None
+def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettings
             ) -> tuple[list[list[int]], CompletionParams]:
-    """Validate and tokenize (with ``tok``, default the engine's tokenizer); every failure here
-    is a 400 (or the 501 for infill support)."""
-    tok = engine.tokenizer if tok is None else tok
+    """Validate and tokenize; every failure here is a 400 (or the 501 for infill support)."""
+    tok = engine.tokenizer
     try:
         if kind is Kind.INFILL:
             check_infill_support(tok)
@@ -188,23 +181,10 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     engine: EngineAPI = request.app.state.engine
     s: ServerSettings = request.app.state.settings
     if len(await request.body()) >= PREPARE_IN_THREAD_BYTES:
-        batched = kind in _PRETOKENIZED and hasattr(engine.tokenizer, "encode_texts")
-        texts = long_prompt_texts(body.get("prompt")) if batched else None
-        ids = None
-        if texts is not None:
-            # a completion's long prompt texts: tokenized in a worker thread together with those
-            # of the other requests arriving meanwhile (or found tokenized already), then
-            # validated here with the ids at hand
-            try:
-                ids = await encoder_of(request.app.state, engine.tokenizer).encode([(t, True) for t in texts])
-            except Exception:  # noqa: BLE001 - prepare below meets it again and answers as it does
-                ids = None
-        if ids is not None:
-            prompts, params = prepare(kind, body, engine, s, Pretokenized(engine.tokenizer, ids))
-        else:
-            # a long body otherwise: validated and tokenized in a worker thread (the tokenizer
-            # releases the interpreter lock for long texts) while the event loop goes on streaming
-            prompts, params = await asyncio.to_thread(prepare, kind, body, engine, s)
+        # a long prompt: tokenized in a worker thread (the tokenizer releases the interpreter
+        # lock for long texts), so the requests of a burst are tokenized in parallel while the
+        # event loop goes on streaming
+        prompts, params = await asyncio.to_thread(prepare, kind, body, engine, s)
     else:
         prompts, params = prepare(kind, body, engine, s)
     params.req.grammar = await compile_grammar(engine, params.grammar)
