@@ -8,18 +8,15 @@ import json
 
 import pytest
 
-from .live import start_server
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client(qwen_path: str):
+def client(qwen_server):
     from openai import OpenAI
 
-    srv = start_server("-m", qwen_path, "-c", "2048", "-np", "1", timeout=300)
-    yield OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=600)
-    srv.stop()
+    return OpenAI(base_url=qwen_server.url + "/v1", api_key="unused", timeout=600)
 
 
 def test_qwen_json_object_and_parse(client) -> None:

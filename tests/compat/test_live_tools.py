@@ -22,17 +22,10 @@ ASK = [{"role": "system", "content": "You are a chatbot that uses tools/function
        {"role": "user", "content": "What is the weather in Istanbul?"}]
 
 
-@pytest.fixture(scope="module")
-def qwen(qwen_path: str):
-    srv = start_server("-m", qwen_path, "-c", "2048", "-np", "1", timeout=300)
-    yield srv
-    srv.stop()
-
-
-def test_qwen_tool_call_non_stream_and_streamed(qwen) -> None:
+def test_qwen_tool_call_non_stream_and_streamed(qwen_server) -> None:
     from openai import OpenAI
 
-    client = OpenAI(base_url=qwen.url + "/v1", api_key="unused", timeout=600)
+    client = OpenAI(base_url=qwen_server.url + "/v1", api_key="unused", timeout=600)
     r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER], temperature=0, max_tokens=48)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -58,16 +51,17 @@ def test_qwen_tool_call_non_stream_and_streamed(qwen) -> None:
     assert json.loads(calls[0]["arguments"]) == json.loads(tc.function.arguments)  # same call, reassembled
 
 
-def test_qwen_tool_history_and_raw_sse(qwen) -> None:
+def test_qwen_tool_history_and_raw_sse(qwen_server) -> None:
     msgs = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {
             "name": "get_current_weather", "arguments": "{\"location\": \"Istanbul\"}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "{\"temperature\": \"21C\", \"sky\": \"sunny\"}"},
     ]
-    p = httpx.post(qwen.url + "/apply-template", json={"messages": msgs, "tools": [WEATHER]}).json()["prompt"]
+    url = qwen_server.url
+    p = httpx.post(url + "/apply-template", json={"messages": msgs, "tools": [WEATHER]}).json()["prompt"]
     assert '<tool_call>\n{"name": "get_current_weather", "arguments": {"location": "Istanbul"}}\n</tool_call>' in p
     assert "<tool_response>\n{\"temperature\"" in p and "# Tools" in p
-    with httpx.stream("POST", qwen.url + "/v1/chat/completions", timeout=600,
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=600,
                       json={"messages": msgs, "tools": [WEATHER], "stream": True, "temperature": 0,
                             "max_tokens": 12}) as r:
         assert r.headers["content-type"].startswith("text/event-stream")

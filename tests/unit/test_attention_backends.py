@@ -78,7 +78,9 @@ def test_graph_step_inputs_match_eager(fused, tmp_path, monkeypatch):
     toks = list(range(10, 60))
     a, b = (0, 1, 2, 3), (5, 6, 7, 8)
     runner.run(Plan((SeqChunk(0, tuple(toks[:30]), 0, a, "none"), SeqChunk(1, tuple(toks[:20]), 0, b, "none"))))
-    for i in range(20):  # seq 0 crosses the page boundary at 32 (a new page id reaches the device)
+    # seq 0 crosses the page boundary at 32 at step 2, seq 1 at step 12: a new page id reaches the
+    # device for each row
+    for i in range(14):
         chunks = (SeqChunk(0, (toks[30 + i],), 30 + i, a, "last"), SeqChunk(1, (toks[20 + i],), 20 + i, b, "last"))
         bucket = 4 if i % 2 else 2
         seqs = [StepSeq(c.seq_id, c.start_pos, 1, c.page_table) for c in chunks]

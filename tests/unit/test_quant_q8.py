@@ -80,14 +80,18 @@ def test_split_gemv_resets_its_counters():
 
 def test_split_gemv_counters_are_sized_for_every_decode_batch_up_front():
     """Counters never replaced between decode batch sizes (1-8 rows) and column blocks of 16:
-    graphs captured at one batch size keep pointing at live counters."""
-    p = packed(Q.Q4_K, 80, 512, seed=2)
+    graphs captured at one batch size keep pointing at live counters. Two column blocks and one
+    Q4_K super-block of K (split in slices) are enough: the interpreter's time grows with both."""
+    n, k = 32, 256
+    p = packed(Q.Q4_K, n, k, seed=2)
+    cfg = T.Config(16, 1, 4)
+    assert T.split_of(p, cfg, DEV)[0] > 1  # K slices: the counters are used
     cnt = T._counters(p, 1)
     for m in (1, 4, 8):
-        xq = Q8.quantize_x(torch.randn(m, 512).to(DEV))
-        Q8.gemv(xq, p, torch.empty(m, 80, device=DEV), cfg=T.Config(16, 1, 4))
+        xq = Q8.quantize_x(torch.randn(m, k).to(DEV))
+        Q8.gemv(xq, p, torch.empty(m, n, device=DEV), cfg=cfg)
         assert T._counters(p, 1) is cnt
-    assert cnt.numel() >= 2 * 5 and int(cnt.abs().sum()) == 0
+    assert cnt.numel() >= 2 * (n // 16) and int(cnt.abs().sum()) == 0
 
 
 def test_module_runs_int8_activations_when_asked(monkeypatch):
