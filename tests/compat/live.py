@@ -14,9 +14,19 @@ import httpx
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (held together while they are chosen)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass
@@ -43,6 +53,42 @@ def start_server(*args: str, env: dict[str, str] | None = None, timeout: float =
     """``health``: the path polled until it answers 200 (``/PREFIX/health`` with --api-prefix).
     Without ``-m`` the server gets the embedded SmolLM2 (``router``: no model, the router).
     ``tls``: the server was given a key and certificate; it is polled over HTTPS (not verified)."""
+    return launch(*args, env=env, health=health, port=port, router=router, tls=tls).wait(timeout)
+
+
+@dataclass
+class Starting:
+    """A ``python -m kvserve`` started, not yet known healthy (``launch``): several start side by
+    side, each then ``wait``-ed for."""
+
+    proc: subprocess.Popen
+    url: str
+    log_path: str
+    health: str
+    tls: bool
+
+    def wait(self, timeout: float = 120.0) -> LiveServer:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}: {f.read()[-2000:]}")
+            try:
+                if httpx.get(self.url + self.health, timeout=2, verify=not self.tls).status_code == 200:
+                    return LiveServer(self.proc, self.url, self.log_path)
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)  # start-ups take ~2 s on 2 cores: wait for the answer, not for the poll
+        self.proc.kill()
+        raise RuntimeError("server did not become healthy")
+
+    def stop(self) -> None:
+        LiveServer(self.proc, self.url, self.log_path).stop()
+
+
+def launch(*args: str, env: dict[str, str] | None = None, health: str = "/health", port: int | None = None,
+           router: bool = False, tls: bool = False) -> Starting:
+    """The process of ``start_server`` (same arguments), without waiting for it."""
     if not router and "-m" not in args and "--model" not in args:
         from kvserve.model.files import default_model_path
 
@@ -51,16 +97,4 @@ def start_server(*args: str, env: dict[str, str] | None = None, timeout: float =
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "kvserve", "--host", "127.0.0.1", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {open(log.name).read()[-2000:]}")
-        try:
-            if httpx.get(url + health, timeout=2, verify=not tls).status_code == 200:
-                return LiveServer(proc, url, log.name)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)  # start-ups take ~2 s on 2 cores: wait for the answer, not for the poll
-    proc.kill()
-    raise RuntimeError("server did not become healthy")
+    return Starting(proc, f"{'https' if tls else 'http'}://127.0.0.1:{port}", log.name, health, tls)

@@ -42,7 +42,8 @@ bodies = st.dictionaries(st.sampled_from(FIELDS), values, max_size=6)
 @pytest.fixture(scope="module")
 def app_client():
     c, engine = client()
-    return c
+    with c:  # one event loop for every request, as a server has (not a thread and loop per request)
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ the two shows that the override is llama-server's."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from kvserve.model.runner import ModelRunner
 from kvserve.model.tokenizer import Tokenizer
 from kvserve.plan import Plan, SeqChunk
 
-from .live import start_server
+from .live import Starting, free_ports, launch
 
 GOLDEN = json.loads((Path(__file__).parent.parent / "golden" / "rope-overrides.json").read_text())
 TOL_SMOLLM, TOL_GEMMA = 0.25, 0.5
@@ -42,16 +43,27 @@ def test_the_overrides_change_llama_servers_answer() -> None:
     assert cases["none-never-scales"] == {**cases["model"], "args": cases["none-never-scales"]["args"]}
 
 
-@pytest.mark.parametrize("name", list(GOLDEN["smollm2"]))
-def test_smollm2_next_token_probabilities(name: str) -> None:
-    case: dict[str, Any] = GOLDEN["smollm2"][name]
-    srv = start_server("-np", "1", "-c", "1024", *case["args"])
+@pytest.fixture(scope="module")
+def smollm2_servers() -> Iterator[dict[str, Starting]]:
+    """A server per golden case, with its flags, all started side by side (each is started once
+    either way; start-up is most of a case's time)."""
+    names = list(GOLDEN["smollm2"])
+    starting = {name: launch("-np", "1", "-c", "1024", *GOLDEN["smollm2"][name]["args"], port=port)
+                for name, port in zip(names, free_ports(len(names)))}
     try:
-        r = httpx.post(srv.url + "/completion", timeout=120, json={
-            "prompt": GOLDEN["prompt"], "n_predict": 1, "temperature": 0, "n_probs": GOLDEN["n_probs"],
-            "cache_prompt": False})
+        yield starting
     finally:
-        srv.stop()
+        for s in starting.values():
+            s.stop()
+
+
+@pytest.mark.parametrize("name", list(GOLDEN["smollm2"]))
+def test_smollm2_next_token_probabilities(name: str, smollm2_servers: dict[str, Starting]) -> None:
+    case: dict[str, Any] = GOLDEN["smollm2"][name]
+    srv = smollm2_servers[name].wait()
+    r = httpx.post(srv.url + "/completion", timeout=120, json={
+        "prompt": GOLDEN["prompt"], "n_predict": 1, "temperature": 0, "n_probs": GOLDEN["n_probs"],
+        "cache_prompt": False})
     assert r.status_code == 200
     step = r.json()["completion_probabilities"][0]
     ours = {t["id"]: t["logprob"] for t in step["top_logprobs"]}

@@ -96,13 +96,20 @@ def test_router_with_presets(tmp_path: Path) -> None:
 
 
 def test_bad_preset_file_stops_start_up(tmp_path: Path) -> None:
-    for text, message in (("[a]\nnope = 1\n", "option 'nope' not recognized in preset 'a'"),
-                          ("[a]\n  c = 1\n", "failed to parse server config file: ")):
-        ini = tmp_path / "bad.ini"
+    runs = []  # (process, what its stderr must say); the three start side by side
+    for i, (text, message) in enumerate((("[a]\nnope = 1\n", "option 'nope' not recognized in preset 'a'"),
+                                         ("[a]\n  c = 1\n", "failed to parse server config file: "))):
+        ini = tmp_path / f"bad{i}.ini"
         ini.write_text(text)
-        r = subprocess.run([sys.executable, "-m", "kvserve", "--models-preset", str(ini), "--port", "0"],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode == 1 and f"error: failed to initialize router models: {message}" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "kvserve", "--port", "0"], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "LLAMA_ARG_MODELS_PRESET": str(tmp_path / "missing.ini")})
-    assert r.returncode == 1 and "preset file does not exist: " in r.stderr
+        runs.append((_kvserve("--models-preset", str(ini), "--port", "0"),
+                     f"error: failed to initialize router models: {message}"))
+    missing = {**os.environ, "LLAMA_ARG_MODELS_PRESET": str(tmp_path / "missing.ini")}
+    runs.append((_kvserve("--port", "0", env=missing), "preset file does not exist: "))
+    for proc, message in runs:
+        _, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 1 and message in stderr, stderr
+
+
+def _kvserve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kvserve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
