@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, DecodeWorkspace, _kv_block, _precision, _window
+from .common import (LOG2E, DecodeWorkspace, _attend_masked_block, _kv_block, _precision, _split_partials,
+                     _window)
 
 
 @triton.jit
@@ -56,20 +57,10 @@ def _shared_prefix_kernel(
         valid = tok < s1
         kv_off, mkv = _kv_block(table_ptr, prow, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         vis = valid[None, :] & ((qpos[:, None] - tok[None, :]) < window)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        m_i, l_i, acc = _attend_masked_block(q, k, vis, v_cache_ptr + kv_off, mkv, m_i, l_i, acc, qk_scale,
+                                             PREC)
+    out, lse = _split_partials(acc, m_i, l_i)
     base = (bidx.to(tl.int64) * H + hk * G + j) * split_stride + own_splits + sp
     tl.store(mid_o_ptr + base[:, None] * D + d[None, :], out, mask=mq)
     tl.store(mid_lse_ptr + base, lse, mask=rvalid)

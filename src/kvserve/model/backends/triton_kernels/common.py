@@ -32,6 +32,45 @@ def _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS: tl.constexpr,
     return slot[:, None] * (HKV * D) + hk * D + d[None, :], valid[:, None] & (d[None, :] < D)
 
 
+@triton.jit
+def _attend_block(q, k, v, valid, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
+    """One block of keys of an online softmax (base 2) whose first key every row sees (a decode
+    split's blocks): the running max, sum and float32 accumulator after it."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_masked_block(q, k, vis, v_ptrs, mkv, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
+    """``_attend_block`` for blocks where a row may see no key (causal and window masks ``vis``):
+    such rows keep max -inf and add nothing. The values are loaded after the scores."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(v_ptrs, mask=mkv, other=0.0).to(q.dtype)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _split_partials(acc, m_i, l_i):
+    """A split's normalized output and log-sum-exp (base 2; -inf where it saw no key)."""
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    return out, lse
+
+
 def _precision(q: torch.Tensor) -> str:
     """float32 models get full-precision dots (Triton's default for float32 is tf32)."""
     return "ieee" if q.dtype == torch.float32 else "tf32"

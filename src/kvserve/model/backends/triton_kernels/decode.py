@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from .cascade import CascadeGroups, shared_prefix_attention
-from .common import LOG2E, DecodeWorkspace, _kv_block, _precision, _window
+from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision, _split_partials,
+                     _window)
 
 
 @triton.jit
@@ -50,17 +51,8 @@ def _decode_split_kernel(
         kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
         v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)  # in flight with k's
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, qk_scale, PREC)
+    out, lse = _split_partials(acc, m_i, l_i)
     hq = hk * G + g
     base = (b.to(tl.int64) * H + hq) * split_stride + sp
     tl.store(mid_o_ptr + base[:, None] * D + d[None, :], out, mask=mq)

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _kv_block, _precision, _window
+from .common import LOG2E, _attend_masked_block, _kv_block, _precision, _window
 
 
 @triton.jit
@@ -46,18 +46,10 @@ def _extend_kernel(
         valid = tok < hi
         kv_off, mkv = _kv_block(table_ptr, row, table_stride, tok, valid, hk, d, PS, HKV, D)
         k = tl.load(k_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         vis = valid[None, :] & (tok[None, :] <= qpos[:, None])
         vis = vis & ((qpos[:, None] - tok[None, :]) < window)
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=mkv, other=0.0).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = _attend_masked_block(q, k, vis, v_cache_ptr + kv_off, mkv, m_i, l_i, acc, qk_scale,
+                                             PREC)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + qoff, out.to(out_ptr.dtype.element_ty), mask=mq)
 

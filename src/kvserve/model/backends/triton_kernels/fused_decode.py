@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import LOG2E, DecodeWorkspace, _kv_block, _precision, _token_stride, _window
+from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision, _split_partials,
+                     _token_stride, _window)
 from .rope import _rope_pairs
 
 
@@ -115,19 +116,10 @@ def _decode_fused_kernel(
             new = (tok == pos)[:, None]
             k = tl.where(new, k_new_q[None, :], k)
             v = tl.where(new, v_new_q[None, :], v)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(q, k, v, valid, m_i, l_i, acc, qk_scale, PREC)
         k_blk = k_nxt
         v_blk = v_nxt
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    out, lse = _split_partials(acc, m_i, l_i)
     hq = hk * G + g
     base = (b.to(tl.int64) * H + hq) * split_stride
     tl.store(mid_o_ptr + (base + sp)[:, None] * D + d[None, :], out, mask=mq)

@@ -1,7 +1,7 @@
 """``rope_write``: RoPE on q and k (adjacent-pair "norm" or half-split "neox", the first RD
 dims), k and v written to their cache rows: one program per token and KV head (its query heads
 with it), so that a decode step's few tokens still spread over several multiprocessors.
-``_rope_pairs`` gives the fused decode kernel the same rotation in registers.
+``_rope_pairs`` (each dim's cos/sin index, partner and sign) serves it and the fused decode kernel.
 """
 
 from __future__ import annotations
@@ -11,6 +11,22 @@ import triton
 import triton.language as tl
 
 from .common import _token_stride
+
+
+@triton.jit
+def _rope_pairs(d, RD: tl.constexpr, NEOX: tl.constexpr):
+    """Per dim: its cos/sin index, its rotation partner and the partner's sign (identity past RD)."""
+    RD2: tl.constexpr = RD // 2
+    if NEOX:
+        i = d % RD2
+        partner = tl.where(d < RD2, d + RD2, d - RD2)
+        sign = tl.where(d < RD2, -1.0, 1.0)
+    else:
+        i = d // 2
+        partner = d ^ 1
+        sign = tl.where(d % 2 == 0, -1.0, 1.0)
+    rot = d < RD
+    return tl.where(rot, i, 0), tl.where(rot, partner, d), tl.where(rot, sign, 0.0), rot
 
 
 @triton.jit
@@ -31,18 +47,7 @@ def _rope_write_kernel(
     slot = page.to(tl.int64) * PS + pos % PS
     d = tl.arange(0, BLOCK_D)
     RD2: tl.constexpr = RD // 2
-    if NEOX:
-        i = d % RD2
-        partner = tl.where(d < RD2, d + RD2, d - RD2)
-        sign = tl.where(d < RD2, -1.0, 1.0)
-    else:
-        i = d // 2
-        partner = d ^ 1
-        sign = tl.where(d % 2 == 0, -1.0, 1.0)
-    rot = d < RD
-    i = tl.where(rot, i, 0)
-    partner = tl.where(rot, partner, d)
-    sign = tl.where(rot, sign, 0.0)
+    i, partner, sign, rot = _rope_pairs(d, RD, NEOX)
     c1 = tl.load(cos_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=1.0)
     s1 = tl.load(sin_ptr + pos.to(tl.int64) * RD2 + i, mask=rot, other=0.0)
     c = c1[None, :]
@@ -91,19 +96,3 @@ def rope_write(
         num_warps=1 if (h // hkv) * d <= 512 else 2,
     )
     return q_out
-
-
-@triton.jit
-def _rope_pairs(d, RD: tl.constexpr, NEOX: tl.constexpr):
-    """Per dim: its cos/sin index, its rotation partner and the partner's sign (identity past RD)."""
-    RD2: tl.constexpr = RD // 2
-    if NEOX:
-        i = d % RD2
-        partner = tl.where(d < RD2, d + RD2, d - RD2)
-        sign = tl.where(d < RD2, -1.0, 1.0)
-    else:
-        i = d // 2
-        partner = d ^ 1
-        sign = tl.where(d % 2 == 0, -1.0, 1.0)
-    rot = d < RD
-    return tl.where(rot, i, 0), tl.where(rot, partner, d), tl.where(rot, sign, 0.0), rot
