@@ -2,47 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvserve.engine.engine import Engine, EngineOptions
-from kvserve.engine.request import (
-    CacheIdentity,
-    ErrorEvent,
-    FinalEvent,
-    GenerationRequest,
-    RequestParams,
-    TokenEvent,
-)
+from kvserve.engine.request import CacheIdentity, GenerationRequest, RequestParams
 from kvserve.engine.sampling_params import SamplingParams
 from kvserve.model.chat_template import ChatTemplate
 from kvserve.model.tokenizer import Tokenizer
 
-GREEDY = SamplingParams(temperature=0.0, top_k=1)
+from tests.events import GREEDY, Collector
 
-
-@dataclass
-class Collector:
-    events: list[Any] = field(default_factory=list)
-
-    def __call__(self, ev: Any) -> None:
-        self.events.append(ev)
-
-    @property
-    def final(self) -> FinalEvent | None:
-        return next((e for e in self.events if isinstance(e, FinalEvent)), None)
-
-    @property
-    def error(self) -> ErrorEvent | None:
-        return next((e for e in self.events if isinstance(e, ErrorEvent)), None)
-
-    @property
-    def done(self) -> bool:
-        return self.final is not None or self.error is not None
-
-    @property
-    def streamed(self) -> str:
-        return "".join(e.text for e in self.events if isinstance(e, TokenEvent))
+__all__ = ["GREEDY", "Collector", "assert_idle", "make_engine", "run", "submit"]
 
 
 def make_engine(loaded: Any, **kw: Any) -> Engine:

@@ -8,23 +8,23 @@ move) produces other tokens than the reference, and a read of an unwritten row f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
 
 from kvserve.cache.kv_sim import KVSim
 from kvserve.cache.manager import KVCacheManager
-from kvserve.engine.request import CacheIdentity, ErrorEvent, FinalEvent, GenerationRequest, RequestParams
+from kvserve.engine.request import CacheIdentity, GenerationRequest, RequestParams
 from kvserve.engine.sampling import Sampling
-from kvserve.engine.sampling_params import SamplingParams
 from kvserve.engine.scheduler import Scheduler, SchedulerConfig
 from kvserve.engine.pipeline import StepLoop
 from kvserve.plan import FED, Plan, RunOutput
 
+from tests.events import GREEDY, Collector
+
 V = 50
 EOS = 0
-GREEDY = SamplingParams(temperature=0.0, top_k=1)
 
 
 def next_token(rows: list[tuple[int, int]]) -> int:
@@ -129,26 +129,6 @@ class FakeRunner:
         return RunOutput(logits, ready=lambda: self._until(end))
 
 
-@dataclass
-class Events:
-    events: list[Any] = field(default_factory=list)
-
-    def __call__(self, ev: Any) -> None:
-        self.events.append(ev)
-
-    @property
-    def terminal(self) -> list[Any]:
-        return [e for e in self.events if isinstance(e, (FinalEvent, ErrorEvent))]
-
-    @property
-    def final(self) -> FinalEvent | None:
-        return next((e for e in self.events if isinstance(e, FinalEvent)), None)
-
-    @property
-    def error(self) -> ErrorEvent | None:
-        return next((e for e in self.events if isinstance(e, ErrorEvent)), None)
-
-
 class Harness:
     def __init__(self, n_pages: int, page_size: int = 4, n_slots: int = 4, n_ctx_slot: int = 64,
                  n_batch: int = 64, retain: int | None = None, fail: Callable[[Plan], bool] | None = None,
@@ -167,9 +147,9 @@ class Harness:
         self.loop = StepLoop(self.sch, self.runner, overlap) if overlap else None
         self._ids = 0
 
-    def submit(self, prompt: list[int], n_predict: int, **params: Any) -> tuple[int, Events]:
+    def submit(self, prompt: list[int], n_predict: int, **params: Any) -> tuple[int, Collector]:
         self._ids += 1
-        ev = Events()
+        ev = Collector()
         req = GenerationRequest(self._ids, list(prompt), RequestParams(n_predict=n_predict, sampling=GREEDY,
                                                                        **params), CacheIdentity())
         self.sch.add(req, ev)

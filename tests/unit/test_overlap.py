@@ -16,10 +16,11 @@ import pytest
 
 from kvserve.engine.request import CacheIdentity, GenerationRequest, RequestParams, TokenEvent
 from kvserve.engine.sampling_params import SamplingParams
-from tests.unit.scheduler_harness import Events, Harness, reference
+from tests.events import Collector
+from tests.unit.scheduler_harness import Harness, reference
 
 
-def _workload(h: Harness, seed: int, n: int = 10) -> list[tuple[list[int], int, Events]]:
+def _workload(h: Harness, seed: int, n: int = 10) -> list[tuple[list[int], int, Collector]]:
     rng = random.Random(seed)
     shared = [rng.randrange(1, 50) for _ in range(rng.randrange(0, 12))]
     out = []
@@ -94,9 +95,9 @@ def test_a_new_request_while_decoding_is_admitted_after_the_commit() -> None:
     h.assert_idle()
 
 
-def _seeded(h: Harness, prompt: list[int], seed: int) -> Events:
+def _seeded(h: Harness, prompt: list[int], seed: int) -> Collector:
     h._ids += 1
-    ev = Events()
+    ev = Collector()
     params = RequestParams(n_predict=24, sampling=SamplingParams(temperature=1.5, top_k=40, seed=seed))
     h.sch.add(GenerationRequest(h._ids, prompt, params, CacheIdentity()), ev)
     return ev

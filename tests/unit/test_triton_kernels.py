@@ -56,14 +56,20 @@ def _setup(seed: int, lengths: list[int], hkv: int, g: int, d: int):
         k = -(-n // PS)
         tables.append(perm[i : i + k])
         i += k
-    rows = n_pages * PS
+    kc, vc, table = _caches(gen, tables, n_pages * PS, hkv, d)
+    return gen, tables, kc, vc, table
+
+
+def _caches(gen: torch.Generator, tables: list[list[int]], rows: int, hkv: int, d: int):
+    """Random K and V caches of ``rows`` rows and the int32 page table of ``tables`` (a spare
+    column past the longest)."""
     kc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
     vc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
     width = max(len(t) for t in tables) + 1
-    table = torch.zeros(len(lengths), width, dtype=torch.int32)
+    table = torch.zeros(len(tables), width, dtype=torch.int32)
     for r, t in enumerate(tables):
         table[r, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    return gen, tables, kc, vc, table.to(DEV)
+    return kc, vc, table.to(DEV)
 
 
 def _i32(x: list[int]) -> torch.Tensor:
@@ -223,14 +229,8 @@ def _cascade_setup(seed: int, groups: list[tuple[int, list[int]]], singles: list
         i += k
     order = torch.randperm(len(tables), generator=gen).tolist()  # members need not be adjacent
     tables, lengths = [tables[j] for j in order], [lengths[j] for j in order]
-    rows = (need + 3) * PS
-    kc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
-    vc = torch.randn(rows, hkv, d, generator=gen).to(DEV, DTYPE)
-    width = max(len(t) for t in tables) + 1
-    table = torch.zeros(len(tables), width, dtype=torch.int32)
-    for r, t in enumerate(tables):
-        table[r, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    return gen, tables, lengths, kc, vc, table.to(DEV)
+    kc, vc, table = _caches(gen, tables, (need + 3) * PS, hkv, d)
+    return gen, tables, lengths, kc, vc, table
 
 
 @pytest.mark.parametrize(
