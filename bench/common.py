@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -447,6 +448,20 @@ async def _sse_events(resp: Any) -> Any:
         yield json.loads(payload)
 
 
+async def _stream_objects(client: Any, url: str, payload: dict[str, Any], res: ReqResult) -> Any:
+    """The SSE objects of a streamed POST; an answer other than 200 or an error object ends them
+    (in ``res.error``)."""
+    async with client.stream("POST", url, json=payload) as r:
+        if r.status_code != 200:
+            res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+            return
+        async for obj in _sse_events(r):
+            if "error" in obj:
+                res.error = str(obj["error"])[:200]
+                return
+            yield obj
+
+
 def _take_timings(res: ReqResult, obj: dict[str, Any]) -> None:
     t = obj.get("timings")
     if isinstance(t, dict):
@@ -462,14 +477,9 @@ async def stream_completion(client: Any, url: str, body: dict[str, Any]) -> ReqR
     res = ReqResult(time.monotonic())
     chunks, parts = 0, []
     try:
-        async with client.stream("POST", url.rstrip("/") + "/completion", json={**body, "stream": True}) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for obj in _sse_events(r):
-                if "error" in obj:
-                    res.error = str(obj["error"])[:200]
-                    break
+        async with aclosing(_stream_objects(client, url.rstrip("/") + "/completion", {**body, "stream": True},
+                                            res)) as objs:
+            async for obj in objs:
                 if obj.get("stop"):
                     res.t_done = time.monotonic()
                     _take_timings(res, obj)
@@ -503,14 +513,8 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any]) -> ReqResult:
     chunks, parts = 0, []
     payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
     try:
-        async with client.stream("POST", url.rstrip("/") + "/v1/chat/completions", json=payload) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return res
-            async for obj in _sse_events(r):
-                if "error" in obj:
-                    res.error = str(obj["error"])[:200]
-                    break
+        async with aclosing(_stream_objects(client, url.rstrip("/") + "/v1/chat/completions", payload, res)) as objs:
+            async for obj in objs:
                 choices = obj.get("choices") or []
                 if choices and res.t_first is None and not obj.get("prompt_progress"):
                     res.t_first = time.monotonic()

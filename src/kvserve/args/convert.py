@@ -39,25 +39,19 @@ def _choice(flag: str, choices: Sequence[str]) -> Convert:
 
 def _tristate(flag: str) -> Convert:
     """on|off|auto with llama.cpp's truthy/falsey/autoy words, normalized to on/off/auto."""
+    return _onoff(flag, auto=True)
+
+
+def _onoff(flag: str, auto: bool = False) -> Convert:
+    """on|off with llama.cpp's truthy/falsey words (and, with ``auto``, auto or -1: auto)."""
 
     def conv(text: str, warn: Warn) -> str:
         if text in TRUTHY:
             return "on"
         if text in FALSEY:
             return "off"
-        if text in ("auto", "-1"):
+        if auto and text in ("auto", "-1"):
             return "auto"
-        raise ValueError(f"error: unknown value for {flag}: '{text}'")
-
-    return conv
-
-
-def _onoff(flag: str) -> Convert:
-    def conv(text: str, warn: Warn) -> str:
-        if text in TRUTHY:
-            return "on"
-        if text in FALSEY:
-            return "off"
         raise ValueError(f"error: unknown value for {flag}: '{text}'")
 
     return conv
