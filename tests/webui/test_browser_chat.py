@@ -308,7 +308,7 @@ def test_stop_midway_frees_the_slot(browser_session: Any, chat_server: LiveServe
     page = s.page
     wait_ready(page)
     set_settings(page, temperature=0, max_tokens=2000)
-    msg = send(page, "Count from 1 to 500, separated by commas.")
+    msg = send(page, "Write a long story about a dragon who learns to read.")
     page.wait_for_function("""() => {
         const m = [...document.querySelectorAll('.message.assistant')].pop();
         return m && m.dataset.state === 'streaming' && m.querySelector('.content').textContent.length > 0;
@@ -329,7 +329,7 @@ def test_stop_midway_frees_the_slot(browser_session: Any, chat_server: LiveServe
     # a reload mid-reply closes the stream too, and keeps the text saved so far (a new chat with
     # the same greedy prompt, whose reply is known to be long: a follow-up turn may end early)
     page.click("#new-chat")
-    send(page, "Count from 1 to 500, separated by commas.")
+    send(page, "Write a long story about a dragon who learns to read.")
     page.wait_for_function("""() => {
         const cs = Object.values(JSON.parse(localStorage.getItem('kvserve.conversations.v1')));
         const c = cs.sort((a, b) => b.updated - a.updated)[0];
