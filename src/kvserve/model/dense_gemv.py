@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import norm_kernel
+from .pdl_support import pdl_supported
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +70,7 @@ CANDIDATES = [Config(16, 256, 4, 8), Config(32, 256, 4, 4), Config(8, 512, 4, 8)
 ROLES = ("plain", "norm", "act")
 
 _SMS: dict[int, int] = {}
-_CAP: dict[int, int] = {}
 _COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled kernels (not the interpreter) on sm90 or later."""
-    if device.type != "cuda" or _interpret():
-        return False
-    i = device.index if device.index is not None else torch.cuda.current_device()
-    if i not in _CAP:
-        _CAP[i] = torch.cuda.get_device_capability(i)[0]
-    return _CAP[i] >= 9
 
 
 def _sms(device: torch.device) -> int:

@@ -25,11 +25,12 @@ arithmetic is the same with and without: the outputs are equal bit for bit (test
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from ..pdl_support import pdl_supported
 
 __all__ = ["LEVEL", "gdc_launch_dependents", "gdc_wait", "level", "supported"]
 
@@ -38,16 +39,9 @@ if LEVEL not in (0, 1, 2):
     raise ValueError(f"KVSERVE_QUANT_GEMV_PDL={LEVEL}: 0, 1 or 2")
 
 
-@functools.cache
-def _sm90_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
 def supported(device: torch.device) -> bool:
     """Compiled CUDA kernels (not Triton's interpreter) on sm90 or later."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+    return pdl_supported(device)
 
 
 def level(device: torch.device, asked: int | None = None) -> int:

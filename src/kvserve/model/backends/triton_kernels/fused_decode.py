@@ -8,7 +8,6 @@ the splits in split order.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -18,6 +17,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision, _split_partials,
                      _token_stride, _window)
+from ...pdl_support import pdl_supported
 from .rope import _rope_pairs
 
 
@@ -158,18 +158,6 @@ def _decode_fused_kernel(
 # this one ends, as before (it matters only where that GEMV is a programmatic dependent launch,
 # ``KVSERVE_GEMV_PDL``)
 TRIGGER = os.environ.get("KVSERVE_DECODE_TRIGGER", "1").strip() != "0"
-
-
-@functools.cache
-def _sm90_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-def pdl_supported(device: torch.device) -> bool:
-    """Programmatic dependent launch: compiled CUDA kernels (not the interpreter) on sm90+."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def decode_fused(
