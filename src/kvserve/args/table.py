@@ -151,7 +151,9 @@ _ROWS: tuple[FlagSpec, ...] = (
     F("-n --predict --n-predict", "n_predict", I, -1, "tokens to predict (-1 = unlimited)",
       env="LLAMA_ARG_N_PREDICT"),
     F("-b --batch-size", "n_batch", I, 2048, "logical maximum batch size", env="LLAMA_ARG_BATCH"),
-    F("-ub --ubatch-size", "n_ubatch", I, 512, "physical maximum batch size", env="LLAMA_ARG_UBATCH"),
+    F("-ub --ubatch-size", "n_ubatch", I, 512, "physical maximum batch size", env="LLAMA_ARG_UBATCH",
+      notes="on CUDA a prompt forward takes up to n_batch tokens (at most 2048; KVSERVE_FORWARD_TOKENS=0 keeps "
+            "n_ubatch): launch-bound there; n_ubatch still bounds unsplittable inputs"),
     F("-np --parallel", "n_parallel", I, -1, "number of server slots (-1 = auto: 4 slots, unified KV)",
       env="LLAMA_ARG_N_PARALLEL", convert=_np, notes="auto (-1) = 4 slots sharing one unified KV pool"),
     F("-cb --cont-batching", "cont_batching", B, True, "continuous batching", neg="-nocb --no-cont-batching",

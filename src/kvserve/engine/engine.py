@@ -105,7 +105,8 @@ class Engine:
             # A shift rewrites the kept tail into fresh pages while the old ones are still
             # shared with the prefix index: room for one more slot's worth of pages.
             n_pages += -(-self.n_ctx_slot // ps)
-        self.runner = ModelRunner(loaded, n_pages, ps, opts.kv_dtype, opts.n_ubatch, max_batch=opts.n_slots)
+        self.runner = ModelRunner(loaded, n_pages, ps, opts.kv_dtype, opts.n_ubatch, max_batch=opts.n_slots,
+                                  n_batch=opts.n_batch)
         page_bytes = self.runner.kv.bytes_per_page
         host_on = opts.host_tier
         if host_on is None:

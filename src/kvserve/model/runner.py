@@ -2,8 +2,10 @@
 
 It decides nothing: which tokens, which pages and which moves all come from the plan, and so
 do the host-tier copies (``plan.copies``, run first, by ``host_kv.HostKVStore``).
-A plan larger than ``n_ubatch`` tokens is split into micro-batches; a chunk split in two runs
-its second half after the first half's KV has been written, so results do not depend on it.
+A plan larger than ``forward_tokens`` tokens is split into micro-batches; a chunk split in two
+runs its second half after the first half's KV has been written, so results do not depend on it.
+On the CPU ``forward_tokens`` is ``n_ubatch`` (``-ub``); on CUDA a forward takes up to
+``n_batch`` tokens, at most ``CUDA_FORWARD_TOKENS`` (``forward_tokens``).
 
 Attention goes through a backend (``backends``): torch (the reference; CPU) or Triton (CUDA).
 On CUDA with the Triton backend, a plan of single-token chunks that fits a captured batch
@@ -40,6 +42,28 @@ class _Piece:
     n: int
 
 
+# The most tokens one CUDA forward takes. A prompt forward on the GPU is bound by its kernel
+# launches on the host (bench/engine.py --profile: a 2,048-token prefill in four 512-token
+# forwards spent 27 ms on the host for 11 ms of GPU work), so a step's tokens run in one forward
+# where -ub would split them; the activations of 2,048 tokens are tens of MiB (the 8B shape's
+# gate/up output 117 MiB), small beside the KV pool. -ub keeps its other meaning (the largest
+# input of an unsplittable task, engine.Engine.embed).
+CUDA_FORWARD_TOKENS = 2048
+
+
+def forward_tokens(device_type: str, n_ubatch: int, n_batch: int | None) -> int:
+    """Tokens per forward: ``n_ubatch`` on the CPU (its activations are host memory and the
+    step is not launch-bound), on CUDA up to ``n_batch`` within ``CUDA_FORWARD_TOKENS``;
+    ``KVSERVE_FORWARD_TOKENS=N`` sets it (0: ``n_ubatch`` everywhere)."""
+    env = os.environ.get("KVSERVE_FORWARD_TOKENS")
+    if env is not None:
+        n = int(env)
+        return n_ubatch if n <= 0 else n
+    if device_type != "cuda":
+        return n_ubatch
+    return max(n_ubatch, min(n_batch or n_ubatch, CUDA_FORWARD_TOKENS))
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -49,14 +73,17 @@ class ModelRunner:
         kv_dtype: torch.dtype | None = None,
         n_ubatch: int = 512,
         max_batch: int = 16,
+        n_batch: int | None = None,
     ) -> None:
-        """``max_batch``: the most sequences a decode step will have (CUDA graph buckets)."""
+        """``max_batch``: the most sequences a decode step will have (CUDA graph buckets);
+        ``n_batch``: the most tokens a plan will have (None: ``n_ubatch``)."""
         self.loaded = loaded
         self.cfg = loaded.cfg
         self.model = loaded.model
         self.device = loaded.device
         self.page_size = page_size
         self.n_ubatch = max(1, n_ubatch)
+        self.forward_tokens = forward_tokens(self.device.type, self.n_ubatch, n_batch)
         self.kv = PagedKVStore(self.cfg, n_pages, page_size, kv_dtype or loaded.dtype, loaded.device)
         cfg = self.cfg
         name = backend_name(self.device.type)
@@ -92,13 +119,13 @@ class ModelRunner:
 
     def _micro_batches(self, chunks: tuple[SeqChunk, ...]) -> list[list[_Piece]]:
         batches: list[list[_Piece]] = [[]]
-        room = self.n_ubatch
+        room = self.forward_tokens
         for c in chunks:
             off = 0
             while off < len(c.tokens):
                 if room == 0:
                     batches.append([])
-                    room = self.n_ubatch
+                    room = self.forward_tokens
                 n = min(room, len(c.tokens) - off)
                 batches[-1].append(_Piece(c, off, n))
                 off += n
