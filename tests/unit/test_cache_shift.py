@@ -82,3 +82,27 @@ def test_shift_out_of_pages_changes_nothing() -> None:
         mgr.shift(1, 1, 2, 12)
     assert len(mgr.page_table(1)) == 3
     mgr.check_integrity()
+
+
+def test_shared_pages_is_the_shortest_common_prefix_with_the_first_table():
+    """``_shared_pages`` against the page-by-page rule it replaced, on random tables."""
+    import random
+
+    from kvserve.model.attention import _shared_pages
+
+    def oracle(tables, ps):
+        n = min((length - 1) // ps for _, length in tables)
+        first = tables[0][0]
+        for i in range(n):
+            if any(t[i] != first[i] for t, _ in tables[1:]):
+                return i
+        return n
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        base = [rng.randint(0, 5) for _ in range(rng.randint(1, 12))]
+        tables = []
+        for _ in range(rng.randint(2, 6)):
+            t = base[: rng.randint(0, len(base))] + [rng.randint(0, 5) for _ in range(rng.randint(0, 4))] or [0]
+            tables.append((t, rng.randint(1, len(t) * 4)))
+        assert _shared_pages(tables, 4) == oracle(tables, 4), tables

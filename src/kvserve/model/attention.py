@@ -420,7 +420,11 @@ def _shared_pages(tables: list[tuple[list[int], int]], page_size: int) -> int:
     """Leading pages common to every table, leaving each sequence at least its own last key."""
     n = min((length - 1) // page_size for _, length in tables)
     first = tables[0][0]
-    for i in range(n):
-        if any(t[i] != first[i] for t, _ in tables[1:]):
-            return i
+    head = list(first[:n])
+    for t, _ in tables[1:]:  # the shortest common prefix with the first table (slices compare in C)
+        if n and list(t[:n]) != head[:n]:
+            k = 0
+            while t[k] == first[k]:
+                k += 1
+            n = k
     return n
