@@ -29,11 +29,13 @@ from typing import Any
 
 from ..cache.page_pool import OutOfPages
 from ..plan import FED, Plan, SeqChunk
+from .records import maker
 from .sequence import SeqState
 
+_FED_TOKENS = (FED,)
 
-def _needs_host_token(sampler: Any) -> bool:
-    return sampler.grammar is not None or sampler.budget is not None or sampler.plan[:1] == ("penalties",)
+
+_chunk = maker(SeqChunk)  # every field, in order (records.py)
 
 
 def plan_ahead(sch: Any, launched: Any) -> Plan | None:
@@ -42,29 +44,37 @@ def plan_ahead(sch: Any, launched: Any) -> Plan | None:
     tokens = getattr(launched.job, "tokens", None)
     if tokens is None or sch.waiting or sch.cancelled or not launched.due:
         return None
+    running = sch.running
     rows = {seq.id: i for i, seq in enumerate(launched.due)}
-    if len(rows) != len(sch.running):
+    if len(rows) != len(running):
         return None
     cfg = sch.cfg
+    n_ctx_slot, n_predict_default = cfg.n_ctx_slot, cfg.n_predict
+    reserve = sch.cache.reserve
+    decode = SeqState.DECODE
     chunks: list[SeqChunk] = []
     feed: list[int] = []
-    for seq in sch.running.values():
+    for seq in running.values():
         row = rows.get(seq.id)
-        if row is None or seq.state is not SeqState.DECODE or seq.cancelled or seq.pending_moves \
-                or _needs_host_token(seq.sampler):
+        sampler = seq.sampler
+        # a grammar, a reasoning budget or penalties: the row needs its token on the host first
+        if row is None or seq.state is not decode or seq.cancelled or seq.pending_moves \
+                or sampler.grammar is not None or sampler.budget is not None \
+                or sampler.plan[:1] == ("penalties",):
             return None
-        p = seq.req.params
-        n_predict = p.n_predict if p.n_predict != -1 else cfg.n_predict
+        n_predict = seq.req.params.n_predict
+        if n_predict == -1:
+            n_predict = n_predict_default
         if n_predict >= 0 and seq.n_decoded + 1 >= max(1, n_predict):
             continue  # the token in flight is its last
         start = seq.n_computed + 1
-        if start + 1 >= cfg.n_ctx_slot:
+        if start + 1 >= n_ctx_slot:
             return None  # the slot's end: a context shift or a stop, decided after the commit
         try:
-            table = tuple(sch.cache.reserve(seq.id, start + 1))
+            table = tuple(reserve(seq.id, start + 1))
         except OutOfPages:
             return None  # pages only by preemption: decided after the commit
-        chunks.append(SeqChunk(seq.id, (FED,), start, table, "last"))
+        chunks.append(_chunk(seq.id, _FED_TOKENS, start, table, "last"))  # SeqChunk
         feed.append(row)
     if not chunks:
         return None

@@ -6,9 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from .output import token_prob
+from .records import maker
 from .request import FinalEvent, GenerationRequest, TokenEvent, TokenProb
 from .sequence import Sequence
 from .stats import EngineStats, timings
+
+_token_event = maker(TokenEvent)  # every field, in order (records.py)
 
 
 def push_token(
@@ -17,14 +20,15 @@ def push_token(
     """Append the sampled token ``res.token``, release its text (a ``TokenEvent`` when
     streaming) and apply the stop rules. Returns whether the request is done."""
     tok = int(res.token)
-    first = seq.n_decoded == 0
+    n_decoded = seq.n_decoded + 1
     seq.tokens.append(tok)
     seq.generated.append(tok)
-    seq.n_decoded += 1
+    seq.n_decoded = n_decoded
     seq.t_last_token = now
     p = seq.req.params
     is_eog = tok in eog
-    text, hit = seq.streamer.push_token(tok, is_eog)
+    streamer = seq.streamer
+    text, hit = streamer.push_token(tok, is_eog)
     probs = []
     if p.n_probs > 0:
         probs = [token_prob(tokenizer, tok, res, p.post_sampling_probs)]
@@ -32,15 +36,16 @@ def push_token(
     decide_stop(seq, is_eog, hit, text, now, n_predict, cfg)
     done = seq.stop_type != "none"
     if done:
-        text += seq.streamer.flush(hit is not None)
+        text += streamer.flush(hit is not None)
     seq.content.append(text)
-    seq.has_new_line = seq.has_new_line or "\n" in text
-    if p.stream and (text or probs or (first and p.return_progress)):
+    if not seq.has_new_line and "\n" in text:
+        seq.has_new_line = True
+    if p.stream and (text or probs or (n_decoded == 1 and p.return_progress)):
         tim = None
         if p.timings_per_token:
-            tim = timings(seq.n_prompt, seq.n_cached, seq.n_decoded, seq.prompt_ms(), seq.predicted_ms())
-        seq.emit(TokenEvent(seq.id, seq.req.index, text, [tok], seq.n_decoded, seq.n_prompt, probs, tim,
-                              n_cached=seq.n_cached))
+            tim = timings(seq.n_prompt, seq.n_cached, n_decoded, seq.prompt_ms(), seq.predicted_ms())
+        seq.emit(_token_event(seq.id, seq.req.index, text, [tok], n_decoded, seq.n_prompt, probs, tim,
+                              seq.n_cached))
     return done
 
 

@@ -16,6 +16,9 @@ class TextOutput:
         self._dec = tokenizer.stream_decoder(special=special)
         self._stream = TextStreamer(stops, n_indent=n_indent)
         self._special = special
+        # no stop string and no n_indent: nothing is ever held back, so a token's text is its
+        # decoded text as it is (TextStreamer.push would return it unchanged, with no hit)
+        self._plain = not self._stream.matcher.stops and n_indent <= 0
 
     def push_token(self, token: int, is_eog: bool) -> tuple[str, StopHit | None]:
         """(text released now, the stop that ended the text or None: a stop word, or a new line
@@ -23,6 +26,8 @@ class TextOutput:
         tokens are rendered."""
         if is_eog and not self._special:
             return "", None
+        if self._plain:
+            return self._dec.feed(token), None
         return self._stream.push(self._dec.feed(token))
 
     def flush(self, stopped_by_word: bool) -> str:

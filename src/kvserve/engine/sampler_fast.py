@@ -29,6 +29,7 @@ number of -inf columns when the batch's largest top_k differs from the row's gro
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -67,9 +68,21 @@ def enabled() -> bool:
     return os.environ.get("KVSERVE_FAST_SAMPLER", "1") != "0"
 
 
+def _eligible(s: SequenceSampler) -> bool:
+    """``eligible(s)``, kept on the sampler: what it reads (the parameters, the grammar, the
+    plan they made) is fixed for the sampler's life; it is worked out again if ``params`` or
+    ``grammar`` is replaced."""
+    c = s.__dict__.get("_fast_eligible")
+    if c is not None and c[0] is s.params and c[1] is s.grammar:
+        return c[2]
+    ok = eligible(s)
+    s._fast_eligible = (s.params, s.grammar, ok)  # type: ignore[attr-defined]
+    return ok
+
+
 def applies(samplers: Sequence[SequenceSampler]) -> bool:
     """Whether a step over these rows takes the fast path (``KVSERVE_FAST_SAMPLER=0``: never)."""
-    return enabled() and bool(samplers) and all(eligible(s) for s in samplers)
+    return enabled() and bool(samplers) and all(map(_eligible, samplers))
 
 
 def sample_tokens(raw: Tensor, samplers: Sequence[SequenceSampler]) -> list[int]:
@@ -106,31 +119,52 @@ def to_device(values: Any, dtype: torch.dtype, device: torch.device) -> Tensor:
     return t.to(device)
 
 
-_bias_last: list[Any] = [None, None]  # (key, tensors) of the latest step's biases
+# the latest step's (samplers, their summed biases) and (summed biases, key, tensors); each
+# entry is replaced whole, so a reader never sees half of one step and half of another
+_rows_last: list[Any] = [((), {})]
+_bias_last: list[Any] = [(None, None, None)]
+
+
+def _summed_biases(samplers: Sequence[SequenceSampler]) -> dict[tuple[int, int], float]:
+    """(row, token) -> bias, a token's biases summed. A sampler's ``bias`` is fixed when it is
+    made, so the same samplers in the same rows as the step before (every decode step of a
+    steady batch) have the same sums: the previous step's dict is returned (the samplers are
+    held until then, so none of them is another object at a reused address)."""
+    prev, summed = _rows_last[0]
+    if len(prev) == len(samplers) and all(map(operator.is_, prev, samplers)):
+        return summed
+    summed = {}
+    for i, s in enumerate(samplers):
+        for t, b in s.bias:
+            summed[(i, t)] = summed.get((i, t), 0.0) + b
+    _rows_last[0] = (tuple(samplers), summed)
+    return summed
 
 
 def _bias_tensors(summed: dict[tuple[int, int], float], dtype: torch.dtype,
                   dev: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """Rows, tokens and values of the biases on the device. Steps of the same rows with the
     same biases (every decode step of a steady batch) reuse the previous step's tensors: no
-    copy and fewer operations on the host, whose every torch call gives up the interpreter."""
+    copy and fewer operations on the host, whose every torch call gives up the interpreter.
+    The same dict as the step before (``_summed_biases``) is that without comparing it."""
+    last_summed, last_key, last_out = _bias_last[0]
+    if summed is last_summed and last_key[0] == dev and last_key[1] == dtype:
+        return last_out
     key = (dev, dtype, tuple(summed.items()))
-    if _bias_last[0] == key:
-        return _bias_last[1]
+    if last_key == key:
+        _bias_last[0] = (summed, key, last_out)
+        return last_out
     r, t = zip(*summed)
     idx = to_device([r, t], torch.int64, dev)
     out = (idx[0], idx[1], to_device(list(summed.values()), dtype, dev))
-    _bias_last[0], _bias_last[1] = key, out
+    _bias_last[0] = (summed, key, out)
     return out
 
 
 def launch(raw: Tensor, samplers: Sequence[SequenceSampler]) -> Tensor:
     """``sample_tokens`` without the wait: the tokens as a device tensor [B] (int64)."""
     dev = raw.device
-    summed: dict[tuple[int, int], float] = {}  # (row, token) -> bias, a token's biases summed
-    for i, s in enumerate(samplers):
-        for t, b in s.bias:
-            summed[(i, t)] = summed.get((i, t), 0.0) + b
+    summed = _summed_biases(samplers)  # (row, token) -> bias, a token's biases summed
     bias = bool(summed)
     if all(s.final == "greedy" and not (s.plan[:1] == ("penalties",) and s.penalty_counts) for s in samplers):
         # greedy rows, no penalty to apply: straight to argmax (no copy of the logits)

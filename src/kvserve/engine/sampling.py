@@ -11,9 +11,12 @@ import torch
 from ..plan import RunOutput
 from . import sampler_fast
 from .dry import build_dry_breakers
+from .records import maker
 from .sampler import SampleResult, sample_batch
 from .sampler_state import SequenceSampler
 from .sampling_params import SamplingParams
+
+_result = maker(SampleResult)  # every field, in order (records.py)
 
 
 class Sampling:
@@ -69,7 +72,8 @@ class Sampling:
             def fast() -> list[SampleResult]:
                 if ready is not None:
                     ready()
-                return self._accept([SampleResult(t, 0.0) for t in pending.tokens()], samplers)
+                mk = _result  # SampleResult(t, 0.0)
+                return self._accept([mk(t, 0.0, [], False, False) for t in pending.tokens()], samplers)
 
             return SampleJob(fast, dev_tokens)
 
@@ -82,13 +86,17 @@ class Sampling:
 
     def _accept(self, results: list[SampleResult], samplers: list[SequenceSampler]) -> list[SampleResult]:
         for i, (s, r) in enumerate(zip(samplers, results)):
-            forced = s.budget.forced_token() if s.budget is not None else None
+            budget = s.budget
+            if budget is None:
+                if not r.grammar_stop:
+                    s.accept(r.token)
+                continue
+            forced = budget.forced_token()
             if forced is not None:  # the reasoning budget is spent: its end is written instead
                 r = results[i] = replace(r, token=forced, grammar_stop=False)
             if not r.grammar_stop:
                 s.accept(r.token)
-                if s.budget is not None:
-                    s.budget.accept(r.token)
+                budget.accept(r.token)
         return results
 
 

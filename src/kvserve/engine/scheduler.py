@@ -4,7 +4,8 @@ One engine step is ``plan = schedule()`` → ``out = runner.run(plan)`` → ``co
 ``schedule`` admits waiting requests to slots, looks up the prefix cache, and builds the batch:
 every generating sequence's next token first, then prompt chunks in arrival order until the
 batch holds ``n_batch`` tokens (so a long prompt delays running streams by at most one chunk).
-``commit`` advances counters, publishes computed pages, samples, applies stop rules and emits.
+``commit`` advances counters, publishes computed pages, samples, applies stop rules and emits
+(``commit.py``: the scheduler's base class).
 """
 
 from __future__ import annotations
@@ -16,31 +17,23 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
 from ..cache.page_pool import OutOfPages
+from .commit import Commit, Launched
 from .context_shift import context_shift
 from .errors import exceed_context
-from .outcome import cancelled_event, final_event, grammar_stop, push_token, record_finish
+from .outcome import cancelled_event, final_event
 from .output import TextOutput
-from ..plan import Plan, RunOutput, SeqChunk
+from ..plan import Plan, SeqChunk
 from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent
-from .sampling import logit_rows
 from .sequence import Sequence, SeqState
 from .slot_choice import SlotChooser
 from .slots import Slot, lcp_len
-from .snapshot import IDLE, NextToken
+from .snapshot import IDLE
 from .stats import EngineStats, timings
+
+__all__ = ["Launched", "Scheduler", "SchedulerConfig"]
 
 log = logging.getLogger("kvserve.engine")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A step between the halves of its commit: its plan, the sequences sampled (row order)
-    and the sampling under way (None: nothing sampled)."""
-
-    plan: Plan
-    due: list[Sequence]
-    job: Any
 
 
 @dataclass(frozen=True)
@@ -58,7 +51,7 @@ class SchedulerConfig:
     share_across_slots: bool = True  # --cache-idle-slots; False keeps each slot's KV to itself
 
 
-class Scheduler:
+class Scheduler(Commit):
     def __init__(self, cfg: SchedulerConfig, cache: Any, tokenizer: Any, sampling: Any) -> None:
         """``cache``: KVCacheManager; ``sampling``: object with ``make(params, history)`` →
         per-sequence sampler and ``sample(logits [B, V], samplers)`` → results."""
@@ -366,102 +359,6 @@ class Scheduler:
             ms = (now - seq.t_prompt_start) * 1000.0 if seq.t_prompt_start else 0.0
             tim = timings(seq.n_computed, seq.n_cached, 0, ms, 0.0) if p.timings_per_token else None
             seq.emit(ProgressEvent(seq.id, seq.req.index, seq.n_prompt, seq.n_cached, seq.n_computed, ms, tim))
-
-    # -- commit ----------------------------------------------------------------------------
-    def commit(self, plan: Plan, out: RunOutput) -> None:
-        """Advance counters, publish computed pages, sample, apply stop rules and emit:
-        ``complete(launch(plan, out))``."""
-        self.complete(self.launch(plan, out))
-
-    def launch(self, plan: Plan, out: RunOutput) -> Launched:
-        """The first half of the commit: queue the sampling of the plan's due rows (on the
-        device, on the fast path). An exception there fails the sequences being sampled."""
-        due = []
-        for c in plan.chunks:
-            seq = self.running.get(c.seq_id)
-            if seq is None or seq.cancelled or seq.state is SeqState.DONE:
-                continue
-            if seq.state is not SeqState.PREFILL or seq.n_computed + len(c.tokens) >= seq.n_target:
-                due.append(seq)
-        job = None
-        if due:
-            try:
-                rows = logit_rows(out, [s.id for s in due])
-                job = self.sampling.sample_async(rows, [s.sampler for s in due], out.ready)
-            except Exception as e:  # noqa: BLE001 - fails the sampled requests, not the server
-                self.crash(due, e)
-                due = []
-        return Launched(plan, due, job)
-
-    def complete(self, launched: Launched) -> None:
-        """The second half: advance counters and publish pages, wait for the sampled tokens,
-        then apply them (stop rules, events). Sequences that ended since the launch (a stop in
-        the step before, a cancellation) are skipped. An exception while handling one sequence
-        fails that sequence; one while waiting for the tokens fails the sampled ones."""
-        now = time.perf_counter()
-        for c in launched.plan.chunks:
-            seq = self.running.get(c.seq_id)
-            if seq is not None and not seq.cancelled and seq.state is not SeqState.DONE:
-                self._guarded(seq, self._advance, seq, c, now)
-        self.stats.n_decode_total += 1
-        self.stats.busy_slots_sum += sum(1 for s in self.slots if s.busy)
-        if launched.job is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            results = launched.job()
-        except Exception as e:  # noqa: BLE001
-            self.crash([s for s in launched.due if not s.cancelled], e)
-            return
-        now = time.perf_counter()
-        if getattr(launched.job, "tokens", None) is not None:  # the fast path: all of it was waiting
-            self.stats.device_wait_s += now - t0
-        for seq, res in zip(launched.due, results):
-            if not seq.cancelled and seq.state is not SeqState.DONE:
-                self._guarded(seq, self._on_token, seq, res, now)
-
-    def _advance(self, seq: Sequence, chunk: SeqChunk, now: float) -> None:
-        """Account for ``chunk``'s tokens (the sampling of a due row is the caller's)."""
-        seq.n_computed += len(chunk.tokens)
-        if seq.state is SeqState.PREFILL:
-            if seq.n_preempted == 0:
-                seq.n_evaluated_prompt += len(chunk.tokens)
-                self._progress(seq, now)
-            if seq.n_computed >= seq.n_target and seq.n_decoded == 0:
-                seq.t_prompt_end = now
-        if seq.use_cache:
-            self.cache.publish(seq.id, seq.tokens, seq.n_computed)
-        self.stats.n_tokens_max = max(self.stats.n_tokens_max, seq.n_computed)
-
-    def _on_token(self, seq: Sequence, res: Any, now: float) -> None:
-        p = seq.req.params
-        n_predict = p.n_predict if p.n_predict != -1 else self.cfg.n_predict
-        if getattr(res, "grammar_stop", False):
-            done = grammar_stop(seq)
-        else:
-            seq.state = SeqState.DECODE
-            done = push_token(seq, res, now, n_predict, self.tok, self.eog, self.cfg)
-            if seq.n_decoded == 1:
-                self.stats.first_token(seq.req.t_received, seq.req.t_submitted, seq.t_arrival, now)
-        self.slots[seq.slot_id].next_token = NextToken(
-            has_next_token=not done,
-            has_new_line=seq.has_new_line,
-            n_remain=(n_predict - seq.n_decoded) if n_predict >= 0 else -1,
-            n_decoded=seq.n_decoded,
-        )
-        if done:
-            self._finish(seq)
-
-    def _finish(self, seq: Sequence) -> None:
-        record_finish(self.stats, seq)
-        ev = final_event(seq, self.tok)
-        log.info(
-            "task %d: done, slot %d, prompt %d, cached %d, evaluated %d, generated %d, stop %s%s",
-            seq.id, seq.slot_id, seq.n_prompt, seq.n_cached, seq.n_evaluated_prompt, seq.n_decoded,
-            seq.stop_type, ", truncated" if seq.truncated else "",
-        )
-        self._release(seq)
-        seq.emit(ev)
 
     def _fail(self, seq: Sequence, code: int, message: str, typ: str) -> None:
         """End ``seq`` with an error event (emitted even when releasing its pages raises)."""

@@ -61,10 +61,11 @@ class Sequence:
     t_prompt_end: float = 0.0
     t_last_token: float = 0.0
     n_evaluated_prompt: int = 0  # prompt tokens actually run through the model
+    # the request's id (read several times per token: an attribute, not a property)
+    id: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> int:
-        return self.req.id
+    def __post_init__(self) -> None:
+        self.id = self.req.id
 
     @property
     def use_cache(self) -> bool:
