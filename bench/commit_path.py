@@ -89,7 +89,7 @@ class _Runner:
         return out
 
 
-def measure(model: str, n_streams: int, n_steps: int, profile: str | None) -> dict[str, float]:
+def measure(model: str, n_streams: int, n_steps: int, profile: str | None, freeze: bool = False) -> dict[str, float]:
     from common import make_text
 
     from kvserve.__main__ import build_engine
@@ -169,6 +169,8 @@ def measure(model: str, n_streams: int, n_steps: int, profile: str | None) -> di
     runner.cpu = 0.0
     gc.collect()  # the timed steps start from a collected heap: a full collection falls into them
     # only as their own garbage makes one due, not as the start-up's did
+    if freeze:  # --gc-freeze: what is alive now is left out of every later collection
+        gc.freeze()
     n_gc = sum(g["collections"] for g in gc.get_stats())
     n_tokens = sum(s.n_decoded for s in sch.running.values())
     for _ in range(n_steps):
@@ -195,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=64)
     p.add_argument("--steps", type=int, default=300, help="decode steps timed per process")
     p.add_argument("--profile", help="(one tree) write the cProfile stats of the timed steps to this file")
+    p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() the started server before the timed "
+                   "steps (an experiment: the collections then skip the model, tokenizer and server objects)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     from engine import synth_path
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     model = synth_path(TINY, "F16", os.environ.get("KVSERVE_SYNTH_DIR",
                                                    os.path.join(tempfile.gettempdir(), "kvserve-synth")))
     if args.child:
-        res = measure(model, args.streams, args.steps, args.profile)
+        res = measure(model, args.streams, args.steps, args.profile, args.gc_freeze)
         print(" ".join(f"{k}={v}" for k, v in res.items()))
         return 0
     from common import print_conditions, print_table
@@ -212,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     print_conditions("engine thread CPU per decode step, steady state, no HTTP, no device", {
         "trees": "; ".join(f"{n}: {s}" for n, s in trees),
         "model": f"{TINY} (random weights; its vocabulary and tokenizer matter here)",
-        "engine": f"-np {args.streams}, every slot decoding (stream, greedy, ignore_eos), overlap on",
+        "engine": f"-np {args.streams}, every slot decoding (stream, greedy, ignore_eos), overlap on"
+                  + (", gc.freeze() before the timed steps" if args.gc_freeze else ""),
         "figure": f"this thread's CPU us per step over {args.steps} steps, less the runner and the argmax",
     })
     rows = []
@@ -221,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(
                 [os.path.abspath(x) for x in src.split(os.pathsep)] + [os.environ.get("PYTHONPATH", "")]))
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--streams", str(args.streams),
-                   "--steps", str(args.steps)] + (["--profile", args.profile] if args.profile else [])
+                   "--steps", str(args.steps)] + (["--profile", args.profile] if args.profile else []) \
+                + (["--gc-freeze"] if args.gc_freeze else [])
             r = subprocess.run(cmd, env=env, capture_output=True, text=True)
             if r.returncode != 0:
                 sys.stderr.write(r.stderr)
