@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from kvserve.cache.page_pool import PagePool
 from kvserve.cache.prefix_index import PrefixIndex
+from kvserve.engine.slots import token_bytes
 
 PS = 4
 
@@ -114,3 +115,59 @@ def test_erase_namespace() -> None:
     assert index.lookup("a", list(range(8))).n_hit == 0
     assert index.lookup("b", list(range(8))).n_hit == 8
     assert pool.n_free == 30
+
+
+def _keyed(index: PrefixIndex, ns: object, tokens: list[int], touch: bool = False) -> tuple[int, tuple, str]:
+    m = index.lookup(ns, tokens, touch=touch, key=token_bytes(tokens))
+    return m.n_hit, m.nodes, m.stop_reason
+
+
+def _walked(index: PrefixIndex, ns: object, tokens: list[int]) -> tuple[int, tuple, str]:
+    """Without the key: every page looked up from the root (and the remembered walk kept)."""
+    m = index.lookup(ns, tokens, touch=False)
+    return m.n_hit, m.nodes, m.stop_reason
+
+
+def test_remembered_walk_gives_the_trees_answer() -> None:
+    """Keyed lookups, which start from the previous keyed lookup's walk, find what a walk from
+    the root finds, through inserts, evictions, erasures, other namespaces and shorter prompts."""
+    import random
+
+    rng = random.Random(5)
+    pool = PagePool(48, PS)
+    index = PrefixIndex(pool)
+    base = [[rng.randrange(6) for _ in range(rng.randrange(8, 24))] for _ in range(2)]
+    docs = [b[: rng.randrange(len(b))] + [rng.randrange(6) for _ in range(rng.randrange(9))]
+            for b in base for _ in range(3)]
+    for step in range(800):
+        op = rng.random()
+        ns = rng.choice("ab")
+        doc = rng.choice(docs)
+        tokens = doc[: rng.randrange(1, len(doc) + 1)] + [rng.randrange(6) for _ in range(rng.randrange(3))]
+        if op < 0.2 and pool.n_free >= -(-len(tokens) // PS):
+            add_path(pool, index, ns, tokens)
+        elif op < 0.3:
+            index.evict(rng.randrange(1, 4))
+        elif op < 0.32:
+            index.erase_namespace(ns)
+        elif op < 0.6:
+            _keyed(index, rng.choice("ab"), rng.choice(docs), touch=True)  # another walk kept
+        # the walk kept before the change above
+        res = _keyed(index, ns, tokens)
+        assert res == _walked(index, ns, tokens), step
+        assert all(n.alive for n in res[1])
+
+
+def test_remembered_walk_forgets_removed_nodes() -> None:
+    pool, index = make()
+    add_path(pool, index, "a", list(range(12)))
+    assert _keyed(index, "a", list(range(12)))[0] == 12
+    index.evict(1)  # the last page
+    n_hit, nodes, _ = _keyed(index, "a", list(range(12)))
+    assert n_hit == 8 and len(nodes) == 2
+    index.evict(2)
+    assert _keyed(index, "a", list(range(12)))[2] == "miss"
+    add_path(pool, index, "a", list(range(4)))  # a new node under a new root
+    n_hit, nodes, _ = _keyed(index, "a", list(range(12)))
+    assert n_hit == 4 and nodes[0].alive
+    assert _keyed(index, "b", list(range(12)))[2] == "miss"  # another namespace: nothing remembered

@@ -58,3 +58,39 @@ def test_an_explicit_slot_and_the_lru_rule_are_kept() -> None:
     assert chooser.choose(slots, [9, 9], -1, 0.1) is slots[3]  # no similar slot: LRU, ties to the highest id
     slots[1].prompt_tokens = [9, 9, 9]  # replaced: indexed again
     assert chooser.choose(slots, [9, 9], -1, 0.1) is slots[1]
+
+
+def test_a_slots_bytes_come_from_its_last_prompt_and_equal_a_fresh_pack() -> None:
+    """A slot's next token list is usually its last prompt plus what was generated (or a
+    prefix of it): indexed from the prompt's bytes, they equal ``token_bytes`` of the list,
+    and the choice stays the rule's."""
+    from kvserve.engine.slots import token_bytes
+
+    rng = random.Random(3)
+    slots = [Slot(i, 1 << 20) for i in range(8)]
+    bases = [[rng.randrange(6) for _ in range(rng.choice([5, 50, 300]))] for _ in range(3)]
+    chooser = SlotChooser()
+    running: dict[int, list[int]] = {}
+    for step in range(400):
+        for sid in list(running):  # some requests end: the slot keeps prompt + generated
+            if rng.random() < 0.4:
+                prompt = running.pop(sid)
+                r = rng.random()
+                tokens = list(prompt) + [rng.randrange(6) for _ in range(rng.randrange(5))]
+                if r < 0.2:
+                    tokens = tokens[: rng.randrange(len(tokens) + 1)]  # cancelled early
+                elif r < 0.3:
+                    tokens = [rng.randrange(6) for _ in range(rng.randrange(1, 20))]  # not the prompt
+                slots[sid].prompt_tokens = tokens
+                slots[sid].seq_id = None
+        q = _random_tokens(rng, bases)
+        sps = rng.choice([0.1, 0.5])
+        want = choose_slot(slots, q, -1, sps)
+        key = token_bytes(q) if rng.random() < 0.5 else None
+        got = chooser.choose(slots, q, -1, sps, key)
+        assert got is want, step
+        for sid, (src, n, b) in chooser._of.items():
+            assert b == token_bytes(src[:n]), (step, sid)
+        if want is not None and rng.random() < 0.6:
+            want.seq_id = step
+            running[want.id] = q

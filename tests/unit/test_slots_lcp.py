@@ -51,3 +51,19 @@ def test_slot_choice_follows_the_slots_token_list() -> None:
     slots[1].prompt_tokens[2:4] = [3, 4]
     slots[1].prompt_tokens = list(slots[1].prompt_tokens)
     assert choose_slot(slots, [1, 2, 3, 4, 7], -1, 0.1) is slots[1]
+
+
+def test_prompt_key_checks_the_range_like_min_and_max() -> None:
+    from kvserve.engine.slots import prompt_key, token_bytes
+
+    rng = random.Random(2)
+    for _ in range(300):
+        toks = [rng.randrange(-2, 102) for _ in range(rng.choice([0, 1, 3, 50, 2000]))]
+        n_vocab = rng.choice([1, 50, 100, 101])
+        ok, key = prompt_key(toks, n_vocab)
+        assert ok == (not toks or (min(toks) >= 0 and max(toks) < n_vocab))
+        assert key == token_bytes(toks)
+    ok, key = prompt_key([1, 1 << 40], 100)  # not a 32-bit integer: no bytes, Python's test
+    assert not ok and key is None
+    ok, key = prompt_key([1, 2.0], 100)
+    assert ok and key is None

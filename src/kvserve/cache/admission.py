@@ -64,9 +64,11 @@ class AdmissionPlan:
     def moves(self, pages: Sequence[int]) -> list[KVMove]:
         """Copy of the partial page, then the chunks, into the page table ``pages``."""
         ps = self.page_size
+        r = self.n_prefix % ps
+        if not r and not self.chunks:
+            return []
         src = [n.page for n in self.cache_nodes]
         out: list[KVMove] = []
-        r = self.n_prefix % ps
         if r:
             out.append(move(src, self.n_full * ps, pages, self.n_full * ps, r, ps))
         out += [move(src, c.src, pages, c.dst, c.n, ps) for c in self.chunks]
@@ -74,11 +76,11 @@ class AdmissionPlan:
 
 
 def plan_admission(
-    index: PrefixIndex, ns: Hashable, tokens: Sequence[int], n_cache_reuse: int
+    index: PrefixIndex, ns: Hashable, tokens: Sequence[int], n_cache_reuse: int, key: bytes | None = None
 ) -> AdmissionPlan:
-    """Requires ``len(tokens) >= 1``."""
+    """Requires ``len(tokens) >= 1``. ``key``: see ``PrefixIndex.lookup``."""
     ps = index.page_size
-    m = index.lookup(ns, tokens, touch=True)
+    m = index.lookup(ns, tokens, touch=True, key=key)
     cache_nodes = list(m.nodes)
     chunks: list[ReuseChunk] = []
     if n_cache_reuse > 0 and m.n_hit < len(tokens):

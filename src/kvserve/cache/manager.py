@@ -102,11 +102,13 @@ class KVCacheManager:
         use_cache: bool = True,
         n_cache_reuse: int = 0,
         n_reserve: int = 0,
+        key: bytes | None = None,
     ) -> Admission:
         """Register a sequence and set up its cached prefix; with ``n_reserve``, its page table
         also covers positions ``[0, n_reserve)`` (the admission reserves what the sequence
         needs). All or nothing: raises ``OutOfPages`` (nothing changed, no counter moved)
-        when the pages cannot be found."""
+        when the pages cannot be found. ``key``: ``token_bytes(tokens)`` when the caller has
+        it (a faster lookup, the same answer: ``PrefixIndex.lookup``)."""
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id} already active")
         share = use_cache and self.enabled
@@ -115,14 +117,18 @@ class KVCacheManager:
             pages = self._alloc(n_res_pages)
             self.seqs[seq_id] = SeqState(namespace, share, pages)
             return Admission(seq_id, 0, tuple(pages), (), "disabled" if not share else "miss", 0, 0, 0)
-        plan = plan_admission(self.index, namespace, tokens, n_cache_reuse)
+        plan = plan_admission(self.index, namespace, tokens, n_cache_reuse, key)
         shared = plan.shared_nodes()
         sources = plan.source_nodes()
         # shared + sources is one path from the root: its device nodes, then its host nodes
-        on_host = [n for n in shared + sources if n.host >= 0]
-        held = [n.page for n in shared + sources if n.host < 0]
-        for p in held:
-            self.pool.incref(p)
+        path = shared + sources
+        if self.host is None:  # all on the device
+            on_host: list[Node] = []
+            held = [n.page for n in path]
+        else:
+            on_host = [n for n in path if n.host >= 0]
+            held = [n.page for n in path if n.host < 0]
+        self.pool.incref_all(held)
         self.index.pin_host(on_host)
         try:
             fresh = self._alloc(len(on_host) + max(plan.n_private, n_res_pages - len(shared)))
@@ -134,11 +140,12 @@ class KVCacheManager:
         for node, page in zip(on_host, fresh):  # root to leaf; the allocation's ref becomes ours
             self.index.promote(node, page)
         fresh = fresh[len(on_host):]
-        pages = [n.page for n in shared] + fresh
+        pages = (held[: len(shared)] if not on_host else [n.page for n in shared]) + fresh
         moves = plan.moves(pages)
         if sources:
             self.index.touch(sources)
-        seq = SeqState(namespace, True, pages, shared, [n.page for n in sources])
+        pins = held[len(shared):] if not on_host else [n.page for n in sources]
+        seq = SeqState(namespace, True, pages, shared, pins)
         n_cached, n_prefix, n_shift = plan.n_cached, plan.n_prefix, plan.n_shift
         if moves:
             seq.moves_at = n_cached
@@ -202,8 +209,7 @@ class KVCacheManager:
                 parent = seq.path[-1] if seq.path else None
                 part = tuple(tokens[i * self.page_size : n])
                 self._c["donated"] += self.index.insert(seq.ns, parent, part, seq.pages[i]).created
-        for p in seq.pages:
-            self._release(p)
+        self._release_all(seq.pages)
         self._enforce_budget()
         return self._c["donated"] - before
 
@@ -230,11 +236,12 @@ class KVCacheManager:
         self._enforce_budget()
         return plan.moves
 
-    def lookup_len(self, namespace: Hashable, tokens: Sequence[int]) -> int:
-        """Matched prefix length (raw, before the n-1 rule); no refs taken, no LRU touch."""
+    def lookup_len(self, namespace: Hashable, tokens: Sequence[int], key: bytes | None = None) -> int:
+        """Matched prefix length (raw, before the n-1 rule); no refs taken, no LRU touch.
+        ``key``: as for ``begin``."""
         if not self.enabled:
             return 0
-        return self.index.lookup(namespace, tokens, touch=False).n_hit
+        return self.index.lookup(namespace, tokens, touch=False, key=key).n_hit
 
     def erase_namespace(self, namespace: Hashable) -> int:
         """Forget every indexed page of ``namespace``; running sequences keep their pages."""
@@ -298,6 +305,12 @@ class KVCacheManager:
         self.pool.decref(page)
         if self.pool.is_retained(page):
             self.index.note_released(page)
+
+    def _release_all(self, pages: list[int]) -> None:
+        """``_release`` of each page: the references dropped, then the pages left to the index
+        offered to eviction (a page's retained state depends on its own references only)."""
+        for p in self.pool.decref_all(pages):
+            self.index.note_released(p)
 
     def _settle(self, seq: SeqState, n_computed: int) -> bool:
         """True when no moves are pending; releases the pins of moves that provably ran."""

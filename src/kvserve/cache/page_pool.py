@@ -79,6 +79,17 @@ class PagePool:
             self._retained_delta(page, -1)
         self._ref[page] = r + 1
 
+    def incref_all(self, pages: list[int]) -> None:
+        """``incref`` of each page in order (one call for the ~125 pages of a cached prefix)."""
+        ref, indexed = self._ref, self._indexed_tokens
+        for page in pages:
+            r = ref[page]
+            if r <= 0:
+                raise ValueError(f"incref of free page {page}")
+            if r == 1 and indexed[page]:
+                self._retained_delta(page, -1)
+            ref[page] = r + 1
+
     def decref(self, page: int) -> bool:
         """Drop one reference; returns True when the page went back to the free list."""
         r = self._ref[page]
@@ -93,6 +104,27 @@ class PagePool:
             self._free.append(page)
             return True
         return False
+
+    def decref_all(self, pages: list[int]) -> list[int]:
+        """``decref`` of each page in order; returns the pages that became retained (held by
+        the index alone), in order (one call for a finished sequence's ~125 pages)."""
+        ref, indexed, free = self._ref, self._indexed_tokens, self._free
+        retained: list[int] = []
+        for page in pages:
+            r = ref[page]
+            if r <= 0:
+                raise ValueError(f"decref of free page {page}")
+            if r == 1:
+                if indexed[page]:
+                    raise ValueError(f"decref would drop the index's reference on page {page}")
+                ref[page] = 0
+                free.append(page)
+                continue
+            ref[page] = r - 1
+            if r == 2 and indexed[page]:
+                self._retained_delta(page, +1)
+                retained.append(page)
+        return retained
 
     def index_hold(self, page: int, n_tokens: int) -> None:
         """The prefix index takes a reference on ``page`` for a node covering ``n_tokens``."""

@@ -69,6 +69,10 @@ class PrefixIndex:
         self._heap: list[tuple[int, int, Node]] = []  # lazy LRU heap of eviction candidates
         self.n_evicted = 0
         self.on_evict: EvictHook | None = None  # (namespace, node key) after each eviction
+        self._n_dropped = 0  # nodes removed so far (a remembered walk is valid while it holds)
+        # the last keyed lookup's walk: (namespace, _n_dropped then, its key, positions the
+        # full-page nodes cover, those nodes)
+        self._walk: tuple[Hashable, int, bytes, int, list[Node]] = ((), -1, b"", 0, [])
 
     # -- queries ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -107,14 +111,22 @@ class PrefixIndex:
             self._roots[ns] = r
         return r
 
-    def lookup(self, ns: Hashable, tokens: Sequence[int], touch: bool = True) -> Match:
-        """Longest cached prefix of ``tokens`` (token granular). Never removes entries."""
+    def lookup(
+        self, ns: Hashable, tokens: Sequence[int], touch: bool = True, key: bytes | None = None
+    ) -> Match:
+        """Longest cached prefix of ``tokens`` (token granular). Never removes entries.
+
+        ``key``: ``tokens`` as 4-byte integers (``engine.slots.token_bytes``) when the caller
+        has them: the walk then starts from the pages it shares with the last keyed lookup's
+        walk (found with one byte comparison; a burst over one document walks the same ~125
+        nodes per prompt, and comparing distinct int objects costs about what the walk does)."""
         ps = self.page_size
         node = self._roots.get(ns)
         if node is None or not tokens:
             return Match(0, (), "miss")
-        path: list[Node] = []
-        pos = 0
+        path, pos = self._remembered(ns, key) if key is not None else ([], 0)
+        if path:
+            node = path[-1]
         n_tok = len(tokens)
         while n_tok - pos >= ps:
             child = node.children.get(tuple(tokens[pos : pos + ps]))
@@ -123,6 +135,8 @@ class PrefixIndex:
             path.append(child)
             node = child
             pos += ps
+        if key is not None:
+            self._walk = (ns, self._n_dropped, key, pos, path[:])
         reason: StopReason
         if pos == n_tok:
             reason = "end_of_prompt"
@@ -144,6 +158,28 @@ class PrefixIndex:
         if touch and path:
             self._touch_path(path)
         return Match(pos, tuple(path), reason)
+
+    def _remembered(self, ns: Hashable, key: bytes) -> tuple[list[Node], int]:
+        """The full-page nodes of the last keyed walk that ``key``'s tokens share with it, and
+        the positions they cover. They are what a walk from the root finds: the namespace is
+        the same, the tokens agree page by page, and nothing has been removed since (removal
+        is the only change that can make a key's child another node or none)."""
+        ns_w, n_dropped, seen, n_seen, nodes = self._walk
+        if ns_w != ns or n_dropped != self._n_dropped or not nodes:
+            return [], 0
+        ps = self.page_size
+        k = min(n_seen, len(key) // 4) // ps  # pages both cover
+        step = 4 * ps
+        if key[: k * step] != seen[: k * step]:  # the pages in common: a binary search
+            lo, hi = 0, k
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if key[: mid * step] == seen[: mid * step]:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        return nodes[:k], k * ps
 
     def _best_partial(self, node: Node, window: Sequence[int]) -> tuple[Node | None, int]:
         """Child sharing the most leading tokens with ``window`` (ties: most recently used)."""
@@ -189,6 +225,11 @@ class PrefixIndex:
         self._clock += 1
         clock = self._clock
         last = len(path) - 1
+        if self.host is None:  # every node is on the device: only the last one can be evicted
+            for n in path:
+                n.last_used = clock
+            self._push(path[last])
+            return
         for i, n in enumerate(path):
             n.last_used = clock
             if i == last or path[i + 1].page < 0:
@@ -411,6 +452,7 @@ class PrefixIndex:
 
     def _drop(self, node: Node) -> None:
         node.alive = False
+        self._n_dropped += 1
         self._pinned.discard(node.uid)
         if node.host >= 0:
             del self._node_of_host[node.host]

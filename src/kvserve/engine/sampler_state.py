@@ -87,6 +87,25 @@ def draw_order(plan: tuple[str, ...], final: str, p: SamplingParams) -> str:
     return order
 
 
+def _window_tail(history: Iterable[int], vocab_size: int, n: int | None) -> list[int]:
+    """The tokens of ``history`` in ``[0, vocab_size)``, as ints; only the last ``n`` of them
+    (None: all) when ``history`` is a list or tuple (walked from its end: a window of 64
+    over a 2,000-token prompt reads 64)."""
+    if n is None or not isinstance(history, (list, tuple)):
+        return [t for t in map(int, history) if 0 <= t < vocab_size]
+    out: list[int] = []
+    if n <= 0:
+        return out
+    for t in reversed(history):
+        t = int(t)
+        if 0 <= t < vocab_size:
+            out.append(t)
+            if len(out) == n:
+                break
+    out.reverse()
+    return out
+
+
 class SequenceSampler:
     """Sampler state of one sequence; feed every accepted token to ``accept``.
 
@@ -145,20 +164,21 @@ class SequenceSampler:
         n_pen = params.repeat_last_n
         self._pen_on = "penalties" in self.plan
         self._dry_on = "dry" in self.plan
-        # the accepted history matters only to the penalty and DRY windows
-        hist = [t for t in map(int, history) if 0 <= t < self.vocab_size] if self._pen_on or self._dry_on else []
         self._pen_win: deque[int] = deque(maxlen=n_pen if n_pen > 0 else None)
         self._pen_counts: Counter[int] = Counter()
-        if self._pen_on:
-            self._pen_win.extend(hist)
-            self._pen_counts = Counter(self._pen_win)
-
         n_dry = params.dry_penalty_last_n
         if n_dry == -1:
             n_dry = n_ctx_train
         if n_ctx_train > 0 and n_dry > 0:
             n_dry = min(n_dry, n_ctx_train)
         self._dry_win: deque[int] = deque(maxlen=n_dry if n_dry > 0 else None)
+        # the accepted history matters only to the penalty and DRY windows, and of it only
+        # the last tokens the windows keep
+        wins = [w.maxlen for w, on in ((self._pen_win, self._pen_on), (self._dry_win, self._dry_on)) if on]
+        hist = _window_tail(history, self.vocab_size, None if None in wins else max(wins)) if wins else []
+        if self._pen_on:
+            self._pen_win.extend(hist)
+            self._pen_counts = Counter(self._pen_win)
         self.dry_breakers: DryBreakers = dry_breakers or {}
         if self._dry_on:
             self._dry_win.extend(hist)

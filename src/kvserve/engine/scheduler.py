@@ -26,7 +26,7 @@ from ..plan import Plan, SeqChunk
 from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent
 from .sequence import Sequence, SeqState
 from .slot_choice import SlotChooser
-from .slots import Slot, lcp_len
+from .slots import Slot, lcp_len, prompt_key
 from .snapshot import IDLE
 from .stats import EngineStats, timings
 
@@ -67,11 +67,13 @@ class Scheduler(Commit):
         self.stats = EngineStats()
         self.eog = frozenset(tokenizer.eog_ids)
         self.n_changes = 0  # launches, releases and preemptions so far (what slot views show)
+        self._sharers: list[Sequence] | None = None  # while admitting: see schedule()
 
     # -- intake ----------------------------------------------------------------------------
     def add(self, req: GenerationRequest, emit: Emit) -> None:
         n = len(req.prompt_tokens)
-        if n and (min(req.prompt_tokens) < 0 or max(req.prompt_tokens) >= self.tok.n_vocab):
+        valid, req.prompt_key = prompt_key(req.prompt_tokens, self.tok.n_vocab)
+        if not valid:
             emit(ErrorEvent(req.id, req.index, 400, "Prompt contains invalid tokens", "invalid_request_error"))
             return
         if n >= self.cfg.n_ctx_slot:
@@ -119,10 +121,16 @@ class Scheduler(Commit):
                 in_plan.add(seq.id)
         # Admission takes what the decoding sequences left: older waiting ones first.
         self._pages_short = False
-        for seq in list(self.running.values()):
-            if seq.state in (SeqState.WAIT_SHARED, SeqState.PREEMPTED):
-                self._guarded(seq, self._try_begin)
-        self._admit()
+        ps = self.cfg.page_size  # the sequences still computing a prefix others may wait for
+        self._sharers = [s for s in self.running.values() if s.state is SeqState.PREFILL
+                         and s.use_cache and s.n_computed < s.n_prompt // ps * ps]
+        try:
+            for seq in list(self.running.values()):
+                if seq.state in (SeqState.WAIT_SHARED, SeqState.PREEMPTED):
+                    self._guarded(seq, self._try_begin)
+            self._admit()
+        finally:
+            self._sharers = None
         budget = self.cfg.n_batch - len(chunks)
         if self.cfg.cont_batching or not chunks:
             for seq in list(self.running.values()):
@@ -245,27 +253,32 @@ class Scheduler(Commit):
     def _admit(self) -> None:
         kept: deque[tuple[GenerationRequest, Emit]] = deque()
         blocked = False
+        if self.waiting:  # and again only after a release: a launch changes no slot's tokens
+            self.chooser.sync(self.slots)
         while self.waiting:
             req, emit = self.waiting.popleft()
             if blocked:
                 kept.append((req, emit))
                 continue
             slot = self.chooser.choose(self.slots, req.prompt_tokens, req.params.id_slot,
-                                       self.cfg.slot_prompt_similarity)
+                                       self.cfg.slot_prompt_similarity, req.prompt_key, sync=False)
             if slot is None or slot.busy:
                 kept.append((req, emit))
                 # A request pinned to a busy slot waits without blocking the others; a free
                 # request that finds no slot keeps its place and everyone behind it waits.
                 blocked = req.params.id_slot == -1
                 continue
+            n = self.n_changes
             self._launch(req, emit, slot)
+            if self.n_changes != n + 1:
+                self.chooser.sync(self.slots)
         self.waiting = kept
 
     def _launch(self, req: GenerationRequest, emit: Emit, slot: Slot) -> None:
         self.n_changes += 1
         params = req.params
         ns = self.namespace(req.identity, slot.id)
-        sampler = self.sampling.make(params.sampling, list(req.prompt_tokens), params.grammar,
+        sampler = self.sampling.make(params.sampling, req.prompt_tokens, params.grammar,
                                      params.reasoning_budget)
         seq = Sequence(
             req=req,
@@ -304,16 +317,18 @@ class Scheduler(Commit):
         if self._pages_short:
             return
         ps = self.cfg.page_size
+        key = seq.req.prompt_key if seq.state is SeqState.WAIT_SHARED else None  # the prompt's bytes
+        key = key if key is not None and len(key) == 4 * len(seq.tokens) else None  # (a faster lookup)
         if seq.use_cache and self.cache.enabled and seq.state is SeqState.WAIT_SHARED:
             have = -1  # what the cache holds of seq's tokens: looked up when first needed
-            for other in self.running.values():
+            for other in self.running.values() if self._sharers is None else self._sharers:
                 if other is seq or other.state is not SeqState.PREFILL or other.namespace != seq.namespace:
                     continue
                 most = min(other.n_prompt, len(seq.tokens))  # the prefix they can share at most
                 if not other.use_cache or other.n_computed >= (most // ps) * ps:
                     continue  # nothing to wait for, whatever they share
                 if have < 0:
-                    have = self.cache.lookup_len(seq.namespace, seq.tokens)
+                    have = self.cache.lookup_len(seq.namespace, seq.tokens, key)
                 if most - have < ps:
                     continue
                 # sharing a page beyond what the cache holds needs the page after it equal: one
@@ -327,7 +342,8 @@ class Scheduler(Commit):
         seq.n_target = len(seq.tokens)
         try:
             adm = self.cache.begin(
-                seq.id, seq.namespace, seq.tokens, seq.use_cache, seq.req.params.n_cache_reuse, seq.n_target
+                seq.id, seq.namespace, seq.tokens, seq.use_cache, seq.req.params.n_cache_reuse, seq.n_target,
+                key,
             )
         except OutOfPages:
             if self._youngest_holder(exclude={seq.id}) is None:
@@ -339,6 +355,8 @@ class Scheduler(Commit):
         seq.n_computed = adm.n_cached
         seq.pending_moves = adm.moves
         seq.state = SeqState.PREFILL
+        if self._sharers is not None and seq.use_cache and seq.n_computed < seq.n_prompt // ps * ps:
+            self._sharers.append(seq)
         if resumed:
             log.info("task %d: resumed, %d tokens, cached %d", seq.id, seq.n_target, adm.n_cached)
             return

@@ -37,21 +37,35 @@ class SlotChooser:
         self._keys: list[tuple[bytes, int]] = []  # (token bytes, slot id), sorted
         self._adj: list[int] = []  # _adj[i]: common prefix (tokens) of _keys[i] and _keys[i + 1]
         self._of: dict[int, tuple[list[int], int, bytes]] = {}  # slot id -> (list, length, bytes) indexed
+        # slot id -> (prompt, its bytes) of the last request it was chosen for: the slot's next
+        # token list (that prompt + what was generated) is indexed from these bytes
+        self._hint: dict[int, tuple[Sequence[int], bytes]] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def choose(self, slots: list[Slot], tokens: Sequence[int], id_slot: int, sps: float,
-               key: bytes | None = None) -> Slot | None:
+               key: bytes | None = None, sync: bool = True) -> Slot | None:
+        """``key``: ``token_bytes(tokens)`` if the caller has it. ``sync=False``: no slot's
+        token list has changed since the last ``choose`` (the index is not checked)."""
         if id_slot != -1 or sps == 0 or not tokens:
             return choose_slot(slots, tokens, id_slot, sps)
-        self._sync(slots)
-        best = self._most_similar(slots, key if key is not None else token_bytes(tokens), len(tokens), sps)
+        if sync:
+            self._sync(slots)
+        q = key if key is not None else token_bytes(tokens)
+        best = self._most_similar(slots, q, len(tokens), sps)
+        if best is None:
+            best = choose_slot(slots, tokens, -1, 0.0)  # the LRU rule alone
         if best is not None:
-            return best
-        return choose_slot(slots, tokens, -1, 0.0)  # the LRU rule alone
+            self._hint[best.id] = (tokens, q)
+        return best
 
     # -- the index -------------------------------------------------------------------------
+    def sync(self, slots: list[Slot]) -> None:
+        """Bring the index up to date with the slots' token lists (``choose`` does it first
+        unless told the lists have not changed)."""
+        self._sync(slots)
+
     def _sync(self, slots: list[Slot]) -> None:
         of = self._of
         for s in slots:
@@ -65,9 +79,25 @@ class SlotChooser:
                 self._remove(cur[2], s.id)
                 del of[s.id]
             if src:
-                b = token_bytes(src)
+                b = self._bytes_of(s.id, src)
                 self._insert(b, s.id)
                 of[s.id] = (src, len(src), b)
+
+    def _bytes_of(self, sid: int, src: list[int]) -> bytes:
+        """``token_bytes(src)``, from the bytes of the prompt the slot was last chosen for when
+        ``src`` begins with that prompt or is a prefix of it (checked: a comparison of the same
+        int objects, the slot's list is copied from the request's), else packed afresh.
+        A request's prompt list is not changed after intake."""
+        hint = self._hint.pop(sid, None)
+        if hint is not None:
+            toks, key = hint
+            n = len(toks)
+            if len(key) == 4 * n:
+                if len(src) >= n and src[:n] == toks:
+                    return key + token_bytes(src[n:])
+                if len(src) < n and src == toks[: len(src)]:
+                    return key[: 4 * len(src)]
+        return token_bytes(src)
 
     def _insert(self, b: bytes, sid: int) -> None:
         keys, adj = self._keys, self._adj
