@@ -86,15 +86,23 @@ TILE_WORDS = (16, 32)
 TILE_PROGRAMS = (2, 4, 8, 16)
 
 
-def configs(act: str) -> list:
+def tile_configs(spec: str | None, programs: str | None) -> list:
+    """The tiled kernel's grid: ``spec`` "BNxWARPSxWORDS,..." (default: ``TILE_GRID`` × ``TILE_WORDS``)
+    × ``programs`` "P,..." (default ``TILE_PROGRAMS``)."""
+    shapes = ([tuple(int(v) for v in c.split("x")) for c in spec.split(",")] if spec else
+              [(bn, warps, words) for bn, warps in TILE_GRID for words in TILE_WORDS])
+    progs = [int(v) for v in programs.split(",")] if programs else list(TILE_PROGRAMS)
+    return [triton_q8_tile.TileConfig(bn, warps, pr, words) for bn, warps, words in shapes for pr in progs]
+
+
+def configs(act: str, tile_spec: str | None = None, tile_programs: str | None = None) -> list:
     if act == "tile":
-        return [triton_q8_tile.TileConfig(bn, warps, programs, words) for bn, warps in TILE_GRID
-                for words in TILE_WORDS for programs in TILE_PROGRAMS]
+        return tile_configs(tile_spec, tile_programs)
     return [triton_gemv.Config(128 * warps * reps, warps, programs, 1) for warps, reps in GRID
             for programs in (2, 8, 16)]
 
 
-def sweep(p: cuda_pack.Packed, k: int, act: str) -> dict:
+def sweep(p: cuda_pack.Packed, k: int, act: str, grid: list) -> dict:
     """Every configuration of the grid at batch 1 (the GEMV kernel alone: the int8 kernels'
     activations quantized beforehand); the 3 best and the default at 4 rows."""
     copies = [p] + [p._replace(q=p.q.clone(), gw=p.gw.clone(), sw=None if p.sw is None else p.sw.clone())
@@ -111,7 +119,7 @@ def sweep(p: cuda_pack.Packed, k: int, act: str) -> dict:
             print(f"  {tuple(cfg)} at {m} rows: {type(e).__name__}: {str(e)[:200]}")
             return float("inf")
 
-    res = [(t_of(cfg, 1), cfg) for cfg in configs(act)]
+    res = [(t_of(cfg, 1), cfg) for cfg in grid]
     res.sort(key=lambda r: r[0])
     d1 = mod.default_config(p, 1)
     at4 = sorted([(t_of(c, 4), c) for _, c in res[:3]], key=lambda r: r[0])
@@ -134,6 +142,9 @@ def main() -> int:
                    help="the layers to time (the per-token totals then count only these)")
     p.add_argument("--sweep-act", default="tile", choices=["tile", "int8", "float"],
                    help="the kernel --sweep times (int8: the group-a-step kernel, tile: the tiled one)")
+    p.add_argument("--tile-configs", help="the tiled kernel's sweep: BNxWARPSxWORDS,... (columns a program, "
+                                          "warps, code words a column a loop step; default: the grid in this file)")
+    p.add_argument("--tile-programs", help="programs a multiprocessor the tiled sweep tries: P,...")
     args = p.parse_args()
     dump: dict[str, list] = {}
     bw = copy_bandwidth(torch.device("cuda"))
@@ -158,7 +169,7 @@ def main() -> int:
         for name, members, k, packs in layers:
             for s in CudaQuantLinear(packs, None, dev).segments:
                 pk = s.packed()
-                r = sweep(pk, k, args.sweep_act)
+                r = sweep(pk, k, args.sweep_act, configs(args.sweep_act, args.tile_configs, args.tile_programs))
                 best[pk.nbytes] = tuple(r["best"][1])
                 if args.best:
                     with open(args.best, "w") as fh:

@@ -9,7 +9,8 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
 ``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+notrig``
 ``KVSERVE_DECODE_TRIGGER=0`` (the one-launch decode attention does not let the kernel after it start early), ``+pN`` runs every
 tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
-table's 8 otherwise).
+table's 8 otherwise), ``+wide`` runs batch 1 at the table of 2+ rows (``triton_q8_tile.CONFIGS``, the batch-1 table before ``ONE_ROW``), ``+tune`` runs each tensor at the configuration of ``--tuning FILE`` (as
+``bench/quant_cuda.py --sweep --best FILE`` writes it; ``KVSERVE_GEMV_TILE_TUNING``'s format).
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
 the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings. The table: tok/s per setting and the
 fraction of the roofline (weights + the context's KV at the copy bandwidth measured in the run).
@@ -18,6 +19,7 @@ fraction of the roofline (weights + the context's KV at the copy bandwidth measu
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -34,6 +36,8 @@ from kvserve.model.quant import pdl, triton_q8_tile  # noqa: E402
 
 
 DEFAULT_CONFIGS = list(triton_q8_tile.CONFIGS)
+DEFAULT_ONE_ROW = list(triton_q8_tile.ONE_ROW)
+TUNED: dict = {}  # --tuning FILE
 
 
 def apply(setting: str) -> None:
@@ -42,9 +46,16 @@ def apply(setting: str) -> None:
     os.environ["KVSERVE_DECODE_PDL"] = "1" if "attn" in extra else "0"
     fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
+    triton_q8_tile.ONE_ROW[:] = DEFAULT_ONE_ROW
+    triton_q8_tile.TUNING.clear()
+    if "tune" in extra:
+        triton_q8_tile.TUNING.update(TUNED)
     for e in extra:
         if e.startswith("p"):  # every tensor's K split set for N programs a multiprocessor
             triton_q8_tile.CONFIGS[:] = [(None, DEFAULT_CONFIGS[-1][1]._replace(programs=int(e[1:])))]
+            triton_q8_tile.ONE_ROW[:] = triton_q8_tile.CONFIGS
+        if e == "wide":  # one batch row at the multi-row table (one warp of 128 columns)
+            triton_q8_tile.ONE_ROW[:] = DEFAULT_CONFIGS
 
 
 def main() -> int:
@@ -52,7 +63,11 @@ def main() -> int:
     ap.add_argument("--settings", default="0,1,2")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kernels-for", default="", help="settings whose step kernels to list (first round)")
+    ap.add_argument("--tuning", help="a tiled-GEMV tuning file for the +tune settings")
     own, rest = ap.parse_known_args()
+    if own.tuning:
+        with open(own.tuning) as f:
+            TUNED.update({int(k): triton_q8_tile.TileConfig(*v) for k, v in json.load(f).items()})
     args = parse_args(rest)
     settings = own.settings.split(",")
     device = torch.device(args.device)

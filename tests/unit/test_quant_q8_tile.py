@@ -21,9 +21,10 @@ from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
 CASES = [(Q.Q4_K, 80, 512), (Q.Q6_K, 72, 512), (Q.Q4_0, 33, 96), (Q.Q8_0, 17, 160), (Q.Q5_K, 20, 256),
          (Q.Q4_1, 24, 64), (Q.Q5_0, 9, 96), (Q.Q5_1, 12, 64)]
 # (batch rows, config): one K slice; tiles past the end of K (masked groups) and K slices of
-# unequal length; 3 rows in one batch block (fewer groups a step); 9 rows (a second block)
+# unequal length; 3 rows in one batch block (fewer groups a step); 9 rows (a second block); a
+# narrow program with a deep tile (the warp's lanes across groups as well as columns)
 RUNS = [(1, QT.TileConfig(64, 2, 0, 32)), (1, QT.TileConfig(32, 1, 2, 8)), (3, QT.TileConfig(64, 2, 1, 32)),
-        (9, QT.TileConfig(128, 4, 0, 16))]
+        (9, QT.TileConfig(128, 4, 0, 16)), (1, QT.TileConfig(16, 1, 1, 128)), (1, QT.TileConfig(64, 2, 2, 128))]
 
 
 @pytest.mark.parametrize("qtype,n,k", CASES, ids=lambda c: getattr(c, "name", str(c)))
@@ -53,6 +54,17 @@ def test_tiled_split_gemv_resets_its_counters():
     assert torch.allclose(first, one, rtol=1e-5, atol=1e-4)
     assert int(T._counters(p, 1).abs().sum()) == 0
     assert torch.equal(QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg), first)
+
+
+def test_one_batch_row_takes_its_own_table(monkeypatch):
+    monkeypatch.setattr(QT, "TUNING", {})
+    p = packed(Q.Q4_K, 64, 256)
+    monkeypatch.setattr(QT, "ONE_ROW", [(None, QT.TileConfig(32, 1, 8, 128))])
+    monkeypatch.setattr(QT, "CONFIGS", [(p.nbytes, QT.TileConfig(256, 2, 4, 16)), (None, QT.TileConfig(128, 1, 8, 32))])
+    assert QT.default_config(p, 1) == QT.TileConfig(32, 1, 8, 128)
+    assert QT.default_config(p, 2) == QT.default_config(p, 8) == QT.TileConfig(128, 1, 8, 32)
+    monkeypatch.setattr(QT, "TUNING", {p.nbytes: QT.TileConfig(16, 1, 2, 8)})  # the tuning file first
+    assert QT.default_config(p, 1) == QT.default_config(p, 4) == QT.TileConfig(16, 1, 2, 8)
 
 
 def test_groups_a_step_shrink_with_batch_rows():

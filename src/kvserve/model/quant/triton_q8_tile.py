@@ -221,8 +221,17 @@ def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_p
 # tensors (4.6-572 MiB, 4- and 8-bit codes): one warp of 128 columns a program, 32 code words a
 # column a loop step (8 groups of Q4_K, half a super-block of Q6_K), K split to about 8
 # programs a multiprocessor, within 1.5 % of each tensor's best everywhere. By weight bytes, the
-# first entry whose bound exceeds the tensor's (None: any size).
+# first entry whose bound exceeds the tensor's (None: any size). For 2 or more batch rows.
 CONFIGS: list[tuple[int | None, TileConfig]] = [(None, TileConfig(128, 1, 8, 32))]
+# One batch row: narrower programs with deeper tiles (the warp's lanes across groups as well as
+# columns: fewer K slices to sum, as many bytes in flight a thread), the best of
+# ``bench/quant_cuda.py --sweep --tile-configs ...`` on an H200 for the 8B shape's tensors: V
+# (Q6_K, 4.6 MiB) 4.56 -> 3.72 us, O (10.2) 5.79 -> 5.66, Q+K (12.8) 6.59 -> 5.96, down (Q6_K,
+# 63.9) 19.29 -> 18.75, gate/up (71.8) 22.19 -> 21.53; the output projection (219-572 MiB) as before.
+ONE_ROW: list[tuple[int | None, TileConfig]] = [
+    (8 << 20, TileConfig(32, 1, 8, 128)), (16 << 20, TileConfig(64, 2, 8, 128)),
+    (70 << 20, TileConfig(32, 1, 8, 128)), (100 << 20, TileConfig(32, 1, 8, 64)),
+    (None, TileConfig(128, 1, 8, 32))]
 
 
 def _tuning() -> dict[int, TileConfig]:
@@ -242,7 +251,7 @@ def default_config(p: Packed, m: int) -> TileConfig:
     cfg = TUNING.get(p.nbytes)
     if cfg is not None:
         return cfg
-    return next(c for below, c in CONFIGS if below is None or p.nbytes < below)
+    return next(c for below, c in (ONE_ROW if m == 1 else CONFIGS) if below is None or p.nbytes < below)
 
 
 def groups_of(p: Packed, cfg: TileConfig, m: int) -> int:
