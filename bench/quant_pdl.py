@@ -9,7 +9,7 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
 ``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+notrig``
 ``KVSERVE_DECODE_TRIGGER=0`` (the one-launch decode attention does not let the kernel after it start early), ``+pN`` runs every
 tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
-table's 8 otherwise), ``+wide`` runs batch 1 at the table of 2+ rows (``triton_q8_tile.CONFIGS``, the batch-1 table before ``ONE_ROW``), ``+tune`` runs each tensor at the configuration of ``--tuning FILE`` (as
+table's 8 otherwise), ``+noqo`` ``KVSERVE_DECODE_QUANT_OUT=0`` (the output projection quantizes its input itself, not the attention's merge), ``+wide`` runs batch 1 at the table of 2+ rows (``triton_q8_tile.CONFIGS``, the batch-1 table before ``ONE_ROW``), ``+tune`` runs each tensor at the configuration of ``--tuning FILE`` (as
 ``bench/quant_cuda.py --sweep --best FILE`` writes it; ``KVSERVE_GEMV_TILE_TUNING``'s format).
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
 the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings. The table: tok/s per setting and the
@@ -44,6 +44,7 @@ def apply(setting: str) -> None:
     level, *extra = setting.split("+")
     pdl.LEVEL = int(level)
     os.environ["KVSERVE_DECODE_PDL"] = "1" if "attn" in extra else "0"
+    os.environ["KVSERVE_DECODE_QUANT_OUT"] = "0" if "noqo" in extra else "1"
     fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
     triton_q8_tile.ONE_ROW[:] = DEFAULT_ONE_ROW

@@ -178,3 +178,52 @@ def test_cascade_graph_step_inputs_match_torch(tmp_path, monkeypatch):
             assert ((got[j] - w).abs().max() / w.abs().max()).item() < (2e-2 if DEV.type == "cuda" else 1e-4)
         for s in members:
             lens[s] += 1
+
+
+def test_decode_attention_hands_the_quantized_output_projection_its_input(tmp_path, monkeypatch):
+    """Decode steps of the one-launch kernel write the output projection's int8 input in its merge
+    (``KVSERVE_DECODE_QUANT_OUT``, on by default): the projection then skips its own quantizer, and
+    the logits are those of the model where it quantizes (the same codes and scales; the sums
+    within float32 rounding of their order)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from kvserve.model.quant import cuda_linear
+    from kvserve.model.quant import triton_q8 as Q8
+    from kvserve.model.quant.cuda_linear import CudaQuantLinear
+    from tests.unit.test_quant_triton import packed
+
+    monkeypatch.setattr(cuda_linear, "ACTIVATIONS", "int8")
+    monkeypatch.setenv("KVSERVE_ATTN_BACKEND", "triton")
+    monkeypatch.setenv("KVSERVE_DECODE_FUSED", "1")
+    monkeypatch.setenv("KVSERVE_CUDA_GRAPHS", "0")  # every step through the modules (counted below)
+    spec = SynthSpec(arch="llama", head_dim=64, n_embd=256, n_head=4, n_head_kv=2, n_vocab=300)  # Q4_K: K of 256
+    path = write_random_gguf(str(tmp_path / "m.gguf"), spec)
+    calls = {"sink": 0, "quantize_x": 0}
+    real_fq, real_qx = CudaQuantLinear.forward_quantized, Q8.quantize_x
+    monkeypatch.setattr(CudaQuantLinear, "forward_quantized",
+                        lambda self, *a: calls.__setitem__("sink", calls["sink"] + 1) or real_fq(self, *a))
+    monkeypatch.setattr(Q8, "quantize_x", lambda *a, **kw: calls.__setitem__("quantize_x", calls["quantize_x"] + 1)
+                        or real_qx(*a, **kw))
+    runners = []
+    for flag in ("1", "0"):
+        monkeypatch.setenv("KVSERVE_DECODE_QUANT_OUT", flag)
+        m = load_gguf(path, device=DEV)
+        for i, layer in enumerate(m.model.layers):  # a quantized output projection (Q4_K) in every layer
+            layer.attn.o = CudaQuantLinear([packed(Q.Q4_K, spec.n_embd, spec.n_embd, seed=i)], None, DEV)
+        runners.append(ModelRunner(m, n_pages=16, max_batch=4))
+    n_layer = len(m.model.layers)
+    for plan in _plans(spec.n_vocab):
+        decode = all(len(c.tokens) == 1 for c in plan.chunks)
+        before = dict(calls)
+        got = runners[0].run(plan).logits
+        assert calls["sink"] - before["sink"] == (n_layer if decode else 0)
+        if decode:
+            assert calls["quantize_x"] == before["quantize_x"]
+        before = dict(calls)
+        want = runners[1].run(plan).logits  # the projection quantizes its input itself
+        assert calls["sink"] == before["sink"]
+        if decode:
+            assert calls["quantize_x"] - before["quantize_x"] == n_layer
+        for sid in want:
+            w, o = want[sid], got[sid]
+            assert ((o - w).abs().max() / w.abs().max()).item() < 1e-5, sid

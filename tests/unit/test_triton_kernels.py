@@ -319,6 +319,44 @@ def test_decode_fused_matches_reference(seed, lengths, hkv, g, d, window, neox, 
     assert torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("lengths,hkv,g,d,num_splits", [([1, 40], 2, 2, 32, 3), ([70], 1, 8, 64, 2),
+                                                         ([130, 17], 2, 4, 128, 5), ([20], 4, 1, 64, 1)])
+def test_decode_fused_writes_the_quantized_output(lengths, hkv, g, d, num_splits):
+    """With ``quant_out`` the merge also writes ``quantize_x`` of the output [T, H·D] (the codes and
+    block scales bit for bit, the sums within float32 rounding of their order); the output
+    itself and the cache are those of the launch without it."""
+    from kvserve.model.quant import triton_q8 as Q8
+
+    gen, tables, kc, vc, table = _setup(7, lengths, hkv, g, d)
+    h, b = hkv * g, len(lengths)
+    assert tk.quant_fits(h, hkv, d)
+    q = torch.randn(b, h, d, generator=gen).to(DEV, DTYPE)
+    k = torch.randn(b, hkv, d, generator=gen).to(DEV, DTYPE)
+    v = torch.randn(b, hkv, d, generator=gen).to(DEV, DTYPE)
+    rope = RopeTables({(10000.0, 1.0)}, d, DEV, max(256, max(lengths)))
+    cos, sin = rope.cos[(10000.0, 1.0)], rope.sin[(10000.0, 1.0)]
+    rows = _i32(list(range(b)))
+    ws = tk.DecodeWorkspace(b, h, d, num_splits, DEV, n_head_kv=hkv)
+    kc0, vc0 = kc.clone(), vc.clone()
+    plain = torch.full_like(q, float("nan"))
+    tk.decode_fused(q, k, v, plain, rows, kc, vc, cos, sin, table, rows, _i32(lengths), ws, PS, d**-0.5, 0, d)
+    kc1, vc1 = kc.clone(), vc.clone()
+    kc.copy_(kc0)
+    vc.copy_(vc0)
+    sink = Q8.QuantX(torch.zeros(b, h * d // 4, dtype=torch.int32, device=DEV),
+                     torch.full((b, h * d // 32), float("nan"), device=DEV),
+                     torch.full((b, h * d // 16), float("nan"), device=DEV))
+    out = torch.full_like(q, float("nan"))
+    tk.decode_fused(q, k, v, out, rows, kc, vc, cos, sin, table, rows, _i32(lengths), ws, PS, d**-0.5, 0, d,
+                    quant_out=sink)
+    assert torch.equal(out, plain) and torch.equal(kc, kc1) and torch.equal(vc, vc1)
+    expect = Q8.quantize_x(out.reshape(b, h * d))
+    assert torch.equal(sink.q, expect.q) and torch.equal(sink.d, expect.d)
+    assert torch.allclose(sink.s, expect.s, rtol=1e-6, atol=1e-6)
+    assert int(ws.count.abs().sum()) == 0
+    assert not tk.quant_fits(12, 4, 64) and not tk.quant_fits(8, 2, 96)  # 3 heads a group; head_dim 96
+
+
 @pytest.mark.skipif(not (DEV.type == "cuda" and tk.pdl_supported(DEV)), reason="PDL needs compiled kernels on sm90+")
 @pytest.mark.parametrize("d,block_n,num_splits", [(64, 64, 32), (64, 128, 16), (128, 64, 16), (128, 32, 8)])
 def test_decode_fused_pdl_in_a_graph(d, block_n, num_splits):

@@ -46,6 +46,10 @@ class Attention(nn.Module):
         """The module's output from the fused projection's output [T, q | k | v]."""
         cfg = self.cfg
         if not cfg.qk_norm:
+            sink = self._o_input(qkv, step)
+            if sink is not None:  # the attention kernel hands the output projection its int8 input
+                o = step.attend_qkv_quant(self.layer, qkv, cfg.n_head, cfg.n_head_kv, sink)
+                return self.o.forward_quantized(sink, o.dtype)
             o = step.attend_qkv(self.layer, qkv, cfg.n_head, cfg.n_head_kv)
             return self.o.forward(o.reshape(qkv.shape[0], cfg.n_head * cfg.head_dim))
         if ops_cpu.enabled(qkv):  # QK-norm fused with RoPE and the KV write
@@ -53,6 +57,16 @@ class Attention(nn.Module):
             return self.o.forward(o.reshape(qkv.shape[0], cfg.n_head * cfg.head_dim))
         q, k, v = qkv.split(self.qkv_sizes, dim=-1)
         return self._attend(q, k, v, step)
+
+    def _o_input(self, qkv: torch.Tensor, step: AttentionStep):
+        """Buffers for the output projection's quantized input, where the step's attention can
+        fill them (``AttentionStep.quantizes_output``) and the projection takes them (a CUDA
+        quantized module on int8 activations); else None."""
+        make = getattr(self.o, "quant_input", None)
+        cfg = self.cfg
+        if make is None or not step.quantizes_output(cfg.n_head, cfg.n_head_kv, cfg.head_dim):
+            return None
+        return make(qkv.shape[0], qkv.device)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: AttentionStep) -> torch.Tensor:
         cfg = self.cfg

@@ -45,12 +45,28 @@ class AttentionStep(ABC):
         """``attend`` on a fused projection's output: qkv [T, (H + 2·Hkv)·D] holds q, k and v side
         by side (a backend may rotate q and k together); ``qk_norm``: the per-head RMSNorms of q and
         k, applied before RoPE (a backend may fuse them). Returns [T, H, D]."""
-        t = qkv.shape[0]
-        x = qkv.view(t, n_head + 2 * n_head_kv, -1)
-        q, k, v = x.split((n_head, n_head_kv, n_head_kv), dim=1)
+        q, k, v = split_qkv(qkv, n_head, n_head_kv)
         if qk_norm is not None:
             q, k = qk_norm[0].forward(q), qk_norm[1].forward(k)
         return self.attend(layer, q, k, v)
+
+    def quantizes_output(self, n_head: int, n_head_kv: int, head_dim: int) -> bool:
+        """Whether ``attend_qkv_quant`` runs in this step (its attention kernel can write the
+        output as the int8 GEMV's quantized input); none but the CUDA backend's decode steps."""
+        return False
+
+    def attend_qkv_quant(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int,
+                         quant_out) -> torch.Tensor:
+        """``attend_qkv`` (without QK-norm) that also writes its output, as [T, H·D], into
+        ``quant_out`` (``quant.triton_q8.QuantX`` buffers) as ``quantize_x`` would; only where
+        ``quantizes_output``."""
+        raise NotImplementedError
+
+
+def split_qkv(qkv: torch.Tensor, n_head: int, n_head_kv: int) -> tuple[torch.Tensor, ...]:
+    """q [T, H, D], k and v [T, Hkv, D]: views of a fused projection's output [T, (H + 2·Hkv)·D]."""
+    x = qkv.view(qkv.shape[0], n_head + 2 * n_head_kv, -1)
+    return x.split((n_head, n_head_kv, n_head_kv), dim=1)
 
 
 class AttentionBackend(ABC):

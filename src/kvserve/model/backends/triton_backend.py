@@ -38,7 +38,7 @@ from ..config import ModelConfig
 from ..kv_store import PagedKVStore
 from ..rope import RopeTables
 from . import triton_kernels as tk
-from .base import AttentionBackend, AttentionStep, StepSeq
+from .base import AttentionBackend, AttentionStep, StepSeq, split_qkv
 from .device_state import PageTable, StepBuffer
 
 _UPDATE_ROOM = 4096  # page-table updates that ride in the graph input copy
@@ -75,7 +75,20 @@ class TritonStep(AttentionStep):
         self.decode = decode
         self.extend = extend
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _one_launch(self) -> bool:
+        d = self.decode
+        return d is not None and d.ws.count is not None and self.be.fused_decode != "merge"
+
+    def quantizes_output(self, n_head: int, n_head_kv: int, head_dim: int) -> bool:
+        return self.be.quant_out and self._one_launch() and tk.quant_fits(n_head, n_head_kv, head_dim)
+
+    def attend_qkv_quant(self, layer: int, qkv: torch.Tensor, n_head: int, n_head_kv: int,
+                         quant_out) -> torch.Tensor:
+        assert self.quantizes_output(n_head, n_head_kv, qkv.shape[1] // (n_head + 2 * n_head_kv))
+        return self.attend(layer, *split_qkv(qkv, n_head, n_head_kv), quant_out=quant_out)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, quant_out=None) -> torch.Tensor:
+        """``quant_out``: see ``attend_qkv_quant`` (the one-launch decode kernel only)."""
         be = self.be
         cfg = be.cfg
         key = cfg.layer_rope(layer)
@@ -84,12 +97,13 @@ class TritonStep(AttentionStep):
         ps = be.kv.page_size
         window, scale = cfg.layer_window(layer), cfg.attn_scale
         d = self.decode
-        if d is not None and d.ws.count is not None and be.fused_decode != "merge":  # decoding only: one launch
+        if self._one_launch():  # decoding only: one launch
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             tk.decode_fused(q, k, v, out, d.q_rows, kc, vc, be.rope.cos[key], be.rope.sin[key], table, d.rows,
                             d.lens, d.ws, ps, scale, window, cfg.rope_dim, cfg.rope_style == "neox",
-                            block_n=be.fused_block_n, pdl=be.fused_pdl)
+                            block_n=be.fused_block_n, pdl=be.fused_pdl, quant_out=quant_out)
             return out
+        assert quant_out is None
         q = tk.rope_write(q, k, v, kc, vc, be.rope.cos[key], be.rope.sin[key], self.positions, self.tok_rows,
                           table, ps, cfg.rope_dim, cfg.rope_style == "neox")
         out = torch.empty_like(q)
@@ -146,6 +160,9 @@ class TritonBackend(AttentionBackend):
         self.fused_block_n = int(os.environ.get("KVSERVE_DECODE_BLOCK_N", "0")) or FUSED_BLOCK_N.get(cfg.head_dim)
         self.fused_pdl = (os.environ.get("KVSERVE_DECODE_PDL", "0").strip() == "1"
                           and tk.pdl_supported(self.device))
+        # the one-launch kernel's merge also quantizes the output for a quantized output
+        # projection's int8 GEMV (no quantizing kernel between them); "0": the GEMV quantizes it
+        self.quant_out = os.environ.get("KVSERVE_DECODE_QUANT_OUT", "1").strip() != "0"
 
     def fused_for(self, batch: int) -> bool:
         """Whether a decode-only step (no cascade) of ``batch`` sequences runs the one-launch kernel:

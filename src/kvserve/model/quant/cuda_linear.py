@@ -160,6 +160,19 @@ class CudaQuantLinear(nn.Module):
             return self._q8(triton_q8.act_quantize_x(gu, n_ff, act), gu.dtype)
         return self.forward(norm_kernel.act_mul(gu, n_ff, act))
 
+    def quant_input(self, rows: int, device: torch.device) -> triton_q8.QuantX | None:
+        """Empty int8-activation buffers for ``forward_quantized`` of ``rows`` rows, where this
+        module would quantize its input for the int8 GEMV (None: it would not)."""
+        if not (ACTIVATIONS == "int8" and 1 <= rows <= GEMV_MAX_ROWS and self.in_features % 32 == 0
+                and (device.type == "cuda" or triton_gemv._INTERPRET)):
+            return None
+        xq = triton_q8._empty_quant(rows, self.in_features, device)
+        return triton_q8.QuantX(xq.q.view(torch.int32), xq.d, xq.s)
+
+    def forward_quantized(self, xq: triton_q8.QuantX, dtype: torch.dtype) -> torch.Tensor:
+        """self(x) for x given as ``quantize_x(x)`` (``quant_input``'s buffers, filled): [rows, out]."""
+        return self._q8(xq, dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).contiguous()
         m = x2.shape[0]

@@ -14,10 +14,10 @@ from .cascade import CascadeGroups, cascade_groups_tensor, cascade_lists, shared
 from .common import LOG2E, DecodeWorkspace
 from .decode import decode_attention
 from .extend import extend_attention
-from .fused_decode import decode_fused, pdl_supported
+from .fused_decode import decode_fused, pdl_supported, quant_fits
 from .rope import rope_write
 
 __all__ = [
     "LOG2E", "CascadeGroups", "DecodeWorkspace", "cascade_groups_tensor", "cascade_lists", "decode_attention",
-    "decode_fused", "extend_attention", "pdl_supported", "rope_write", "shared_prefix_attention",
+    "decode_fused", "extend_attention", "pdl_supported", "quant_fits", "rope_write", "shared_prefix_attention",
 ]

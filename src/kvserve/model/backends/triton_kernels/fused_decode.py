@@ -3,7 +3,9 @@ only, in one launch: each split program has its first block of cached keys in fl
 reads q (as a programmatic dependent launch, before the Q/K/V projection ends), rotates its q
 and the new key in registers, the one whose split holds the new position writes k/v to the
 cache last, and the last split of each (sequence, KV head) to finish (an atomic count) merges
-the splits in split order.
+the splits in split order. With ``quant_out`` that program also writes the merged output as
+the int8 codes, scales and sums the output projection's quantized GEMV reads (``triton_q8``'s
+``quantize_x`` of it), so that no quantizing kernel runs between the attention and the GEMV.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision, _split_partials,
                      _token_stride, _window)
 from ...pdl_support import pdl_supported
+from ...quant.triton_q8 import QuantX, _store_quant
 from .rope import _rope_pairs
 
 
@@ -25,11 +28,11 @@ from .rope import _rope_pairs
 def _decode_fused_kernel(
     q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v, cos_ptr, sin_ptr,
     q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
-    mid_o_ptr, mid_lse_ptr, count_ptr, out_ptr, qk_scale, window, num_splits, split_stride,
-    H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+    mid_o_ptr, mid_lse_ptr, count_ptr, out_ptr, xq_ptr, xd_ptr, xs_ptr, qk_scale, window, num_splits,
+    split_stride, H: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
     RD: tl.constexpr, NEOX: tl.constexpr, ROPE: tl.constexpr, BLOCK_G: tl.constexpr, GP: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, PREC: tl.constexpr,
-    PDL: tl.constexpr, TRIGGER: tl.constexpr,
+    PDL: tl.constexpr, TRIGGER: tl.constexpr, QUANT: tl.constexpr,
 ):
     """Decode step of one layer in one launch. Program (b, kv head, split):
 
@@ -43,7 +46,8 @@ def _decode_fused_kernel(
        loaded before the block is used; the program whose split holds the new position
        writes its k/v to the cache last (no program of this launch reads that row);
     4. the last split of (b, kv head) to finish (an atomic count, reset after) merges all
-       splits in split order, as ``_decode_merge_kernel`` does.
+       splits in split order, as ``_decode_merge_kernel`` does; with QUANT it also quantizes its
+       G·D output columns (rounded to out's dtype first) as ``quantize_x`` does, into xq/xd/xs.
 
     With TRIGGER (sm90+) the kernel after it may start at once (a programmatic dependent launch:
     the output projection's GEMV, which reads only its weights before it waits for this one)."""
@@ -149,8 +153,11 @@ def _decode_fused_kernel(
         w = tl.where(lj == float("-inf"), 0.0, tl.exp2(lj - mx[:, None]))
         res = tl.sum(oj * w[:, :, None], 1) / tl.sum(w, 1)[:, None]
         ho = (hk * G + gm)[:, None] * D + d[None, :]
-        tl.store(out_ptr + t * (H * D) + ho, res.to(out_ptr.dtype.element_ty),
-                 mask=(gm[:, None] < G) & (d[None, :] < D))
+        res = res.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + t * (H * D) + ho, res, mask=(gm[:, None] < G) & (d[None, :] < D))
+        if QUANT:  # GP == G and BLOCK_D == D (checked by the launcher): the columns are contiguous
+            _store_quant(tl.reshape(res.to(tl.float32), (GP * BLOCK_D,)), xq_ptr, xd_ptr, xs_ptr, t, H * D,
+                         hk * ((G * D) // 32), (G * D) // 32)
         tl.atomic_xchg(cnt, 0)
 
 
@@ -166,6 +173,7 @@ def decode_fused(
     table: torch.Tensor, seq_rows: torch.Tensor, seq_lens: torch.Tensor, ws: DecodeWorkspace, page_size: int,
     scale: float, window: int, rope_dim: int = 0, neox: bool = False, block_n: int | None = None,
     num_warps: int | None = None, pdl: bool = False, trigger: bool | None = None,
+    quant_out: QuantX | None = None,
 ) -> None:
     """``rope_write`` then ``decode_attention`` for a step of decoding sequences only (token
     ``q_rows[b]`` at position ``seq_lens[b] - 1``), in one launch: q, k, v are the projections'
@@ -181,7 +189,9 @@ def decode_fused(
     ``trigger`` (default ``TRIGGER``; ``pdl_supported`` only): the kernel after it, if launched
     as a programmatic dependent launch, may start as soon as every program of this one has
     started; it must then read nothing this kernel writes before its own wait (the dense GEMV
-    of ``model/dense_gemv`` reads only its weights)."""
+    of ``model/dense_gemv`` reads only its weights).
+
+    ``quant_out`` (``quant_fits``): also ``quantize_x(out.view(T, H·D))`` into its buffers."""
     b = seq_lens.shape[0]
     if b == 0:
         return
@@ -205,13 +215,27 @@ def decode_fused(
     pdl = pdl and rope and pdl_supported(q.device)
     trigger = (TRIGGER if trigger is None else trigger) and pdl_supported(q.device)
     extra = {"launch_pdl": True} if pdl else {}
+    if quant_out is not None:
+        assert quant_fits(h, hkv, d) and quant_out.q.shape[1] * 4 == h * d and out.is_contiguous()
+        xq, xd, xs = quant_out.q.view(torch.int8), quant_out.d, quant_out.s
+    else:
+        xq = xd = xs = ws.mid_lse  # not read
     _decode_fused_kernel[(b, hkv, ws.num_splits)](
         q, k, v, q.stride(0), k.stride(0), v.stride(0), cos, sin,
         q_rows, k_cache, v_cache, table, table.stride(0), seq_rows, seq_lens,
-        ws.mid_o, ws.mid_lse, ws.count, out, scale * LOG2E, _window(window), ws.num_splits,
+        ws.mid_o, ws.mid_lse, ws.count, out, xq, xd, xs, scale * LOG2E, _window(window), ws.num_splits,
         ws.mid_lse.shape[2],
         H=h, HKV=hkv, G=g, D=d, PS=page_size, RD=max(rope_dim, 2), NEOX=neox, ROPE=rope,
         BLOCK_G=max(16, triton.next_power_of_2(g)), GP=triton.next_power_of_2(g),
         BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(ws.num_splits),
-        PREC=_precision(q), PDL=pdl, TRIGGER=trigger, num_warps=num_warps, num_stages=1, **extra,
+        PREC=_precision(q), PDL=pdl, TRIGGER=trigger, QUANT=quant_out is not None, num_warps=num_warps,
+        num_stages=1, **extra,
     )
+
+
+def quant_fits(n_head: int, n_head_kv: int, head_dim: int) -> bool:
+    """Whether ``decode_fused`` can write its output quantized: a KV head's query heads a power of
+    2 and head_dim a power of 2 of at least 32 (the merge's tile is then exactly its columns, whole
+    blocks of 32)."""
+    g = n_head // n_head_kv
+    return g & (g - 1) == 0 and head_dim >= 32 and head_dim & (head_dim - 1) == 0
