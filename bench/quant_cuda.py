@@ -132,7 +132,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,4,8")
     p.add_argument("--sweep", action="store_true")
     p.add_argument("--q6-planes", action="store_true",
-                   help="Q6_K as 6-bit codes in two planes (7.125 bits a weight; the tiled kernel only)")
+                   help="Q6_K as 6-bit codes in two planes (6.625 bits a weight; the tiled kernel only)")
     p.add_argument("--kernels", default="float,int8,tile",
                    help="the table's quantized kernels: float, int8 (a group a step), tile (int8, tiled)")
     p.add_argument("--dump", help="write every sweep timing to this JSON file")
@@ -151,9 +151,9 @@ def main() -> int:
     print_conditions("CUDA quantized GEMV vs bf16 linear (Llama-3-8B Q4_K_M layers)", {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "copy bandwidth (measured)": f"{bw / 1e12:.2f} TB/s",
-        "bytes": "Q4_K 5.125 bits/weight (4-bit codes, 6-bit sub-scales/mins and f16 super-scales "
-                 "in int32 words); Q6_K " + ("7.125 (6-bit codes in two planes" if args.q6_planes else
-                                             "9.125 (8-bit codes") + ", i8 sub-scales, f16 super-scale)",
+        "bytes": "Q4_K 4.625 bits/weight (4-bit codes, 6-bit sub-scales/mins in 8-bit fields and f16 super-scales "
+                 "in int32 words); Q6_K " + ("6.625 (6-bit codes in two planes" if args.q6_planes else
+                                             "8.625 (8-bit codes") + ", i8 sub-scales, f16 super-scale)",
         "timing": "CUDA-graph replay, mean per call; calls cycle through copies of the weights "
                   "(>= 256 MiB together, so that each call reads from memory, not from the 50 MB L2)"})
     rng = np.random.default_rng(0)

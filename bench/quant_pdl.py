@@ -36,7 +36,7 @@ from kvserve.model.quant import pdl, triton_q8_tile  # noqa: E402
 
 
 DEFAULT_CONFIGS = list(triton_q8_tile.CONFIGS)
-DEFAULT_ONE_ROW = list(triton_q8_tile.ONE_ROW)
+DEFAULT_ONE_ROW = dict(triton_q8_tile.ONE_ROW)
 TUNED: dict = {}  # --tuning FILE
 
 
@@ -47,16 +47,17 @@ def apply(setting: str) -> None:
     os.environ["KVSERVE_DECODE_QUANT_OUT"] = "0" if "noqo" in extra else "1"
     fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
-    triton_q8_tile.ONE_ROW[:] = DEFAULT_ONE_ROW
+    triton_q8_tile.ONE_ROW.clear()
+    triton_q8_tile.ONE_ROW.update(DEFAULT_ONE_ROW)
     triton_q8_tile.TUNING.clear()
     if "tune" in extra:
         triton_q8_tile.TUNING.update(TUNED)
     for e in extra:
         if e.startswith("p"):  # every tensor's K split set for N programs a multiprocessor
             triton_q8_tile.CONFIGS[:] = [(None, DEFAULT_CONFIGS[-1][1]._replace(programs=int(e[1:])))]
-            triton_q8_tile.ONE_ROW[:] = triton_q8_tile.CONFIGS
+            triton_q8_tile.ONE_ROW.clear()
         if e == "wide":  # one batch row at the multi-row table (one warp of 128 columns)
-            triton_q8_tile.ONE_ROW[:] = DEFAULT_CONFIGS
+            triton_q8_tile.ONE_ROW.clear()
 
 
 def main() -> int:

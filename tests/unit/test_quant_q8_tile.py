@@ -59,10 +59,12 @@ def test_tiled_split_gemv_resets_its_counters():
 def test_one_batch_row_takes_its_own_table(monkeypatch):
     monkeypatch.setattr(QT, "TUNING", {})
     p = packed(Q.Q4_K, 64, 256)
-    monkeypatch.setattr(QT, "ONE_ROW", [(None, QT.TileConfig(32, 1, 8, 128))])
+    monkeypatch.setattr(QT, "ONE_ROW", {4: [(p.nbytes, QT.TileConfig(64, 2, 8, 128)), (p.nbytes + 1, QT.TileConfig(32, 1, 8, 128))]})
     monkeypatch.setattr(QT, "CONFIGS", [(p.nbytes, QT.TileConfig(256, 2, 4, 16)), (None, QT.TileConfig(128, 1, 8, 32))])
     assert QT.default_config(p, 1) == QT.TileConfig(32, 1, 8, 128)
     assert QT.default_config(p, 2) == QT.default_config(p, 8) == QT.TileConfig(128, 1, 8, 32)
+    p8 = packed(Q.Q8_0, 64, 256)  # 8-bit codes: no batch-1 entry in this table
+    assert QT.default_config(p8, 1) == QT.TileConfig(128, 1, 8, 32)
     monkeypatch.setattr(QT, "TUNING", {p.nbytes: QT.TileConfig(16, 1, 2, 8)})  # the tuning file first
     assert QT.default_config(p, 1) == QT.default_config(p, 4) == QT.TileConfig(16, 1, 2, 8)
 
@@ -101,7 +103,7 @@ def test_q6_k_planes_keep_the_file_s_information():
     n, k = 24, 512
     raw = random_blocks(Q.Q6_K, n, k, seed=5)
     p = P.pack(torch.from_numpy(raw), Q.Q6_K, k, q6_planes=True)
-    assert p.bits == 6 and p.q.shape == (k * 3 // 16, n) and p.nbytes * 8 / (n * k) == 7.125
+    assert p.bits == 6 and p.q.shape == (k * 3 // 16, n) and p.nbytes * 8 / (n * k) == 6.625
     assert torch.equal(P.reference(p), torch.from_numpy(np_dequantize(raw, Q.Q6_K)))
     assert torch.equal(P.codes(p), P.codes(P.pack(torch.from_numpy(raw), Q.Q6_K, k)))
     # word 2 of group 0 of row 0: the high 2 bits, byte b bits 2j … holding column 4j + b

@@ -40,8 +40,8 @@ if ACTIVATIONS not in ("int8", "float"):
 KERNEL = os.environ.get("KVSERVE_GEMV_KERNEL", "tile")
 if KERNEL not in ("tile", "group"):
     raise ValueError(f"KVSERVE_GEMV_KERNEL={KERNEL!r}: tile or group")
-# ``KVSERVE_Q6K_PLANES=1``: Q6_K weights packed as 6-bit codes in two planes (7.125 bits a weight
-# instead of 9.125; ``cuda_pack``), which only the tiled kernel reads: with the int8 tiled GEMV only.
+# ``KVSERVE_Q6K_PLANES=1``: Q6_K weights packed as 6-bit codes in two planes (6.625 bits a weight
+# instead of 8.625; ``cuda_pack``), which only the tiled kernel reads: with the int8 tiled GEMV only.
 # Off: on an H200 the 8B Q4_K_M decode step reads 12 % fewer bytes and is no faster (the kernel's
 # integer work limits it then; docs/benchmarks.md)
 Q6K_PLANES = os.environ.get("KVSERVE_Q6K_PLANES", "0") == "1"

@@ -8,11 +8,11 @@ Every format below is, per group of ``gs`` consecutive weights of a row, unsigne
     format  bits gs  zero  scale                 offset                  bits/weight: file → here
     Q4_0    4    32  8     d                     —                       4.5  → 5.0
     Q4_1    4    32  0     d                     m                       5.0  → 5.0
-    Q4_K    4    32  0     D·sc   (sc: u6)       Dm·mn  (mn: u6)          4.5  → 5.125
+    Q4_K    4    32  0     D·sc   (sc: u6)       Dm·mn  (mn: u6)          4.5  → 4.625
     Q5_0    8    32  16    d                     —                       5.5  → 9.0
     Q5_1    8    32  0     d                     m                       6.0  → 9.0
-    Q5_K    8    32  0     D·sc                  Dm·mn                   5.5  → 9.125
-    Q6_K    8    16  32    D·sc   (sc: i8)       —                       6.56 → 9.125
+    Q5_K    8    32  0     D·sc                  Dm·mn                   5.5  → 8.625
+    Q6_K    8    16  32    D·sc   (sc: i8)       —                       6.56 → 8.625
     Q8_0    8    32  128   d                     —                       8.5  → 9.0
 
 d, m: f16 per group; D, Dm (= −dmin): f16 per 256 weights (``two_level``). The scales are kept
@@ -27,11 +27,14 @@ Layout, K-major so that a GEMV program reads every tensor as rows of consecutive
                                its bytes pair with 4 consecutive int8 activations: 8-bit codes
                                in byte order; 4-bit codes low nibbles first (slot i, bits 4·i …,
                                holds column 8·w + 4·(i mod 2) + i div 2 of the group)
-    gw  int32 [k/gs/sub, n]    per group: low 16 bits d (f16 bits) or sc, high 16 bits m or mn;
-                               Q6_K (sub = 2): the i8 sc of two consecutive groups
+    gw  int32 [k/gs/sub, n]    one-level formats (sub = 1): low 16 bits d, high 16 bits m (f16
+                               bits); two-level ones: ``sub`` consecutive groups an entry, 32/sub
+                               bits each from the low bits up (group j at bit 32j/sub): Q4_K and
+                               Q5_K (sub = 2) sc in the low 8 bits of a group's 16, mn in the high
+                               8; Q6_K (sub = 4) its i8 sc
     sw  int32 [k/256, n]       two_level only: low 16 bits D, high 16 bits Dm (f16 bits)
 
-Q6_K in planes (``pack(..., q6_planes=True)``, ``bits`` 6, 7.125 bits a weight instead of 9.125;
+Q6_K in planes (``pack(..., q6_planes=True)``, ``bits`` 6, 6.625 bits a weight instead of 8.625;
 only ``triton_q8_tile`` and the dequantize kernel read it): per group of 16 three words, the
 low 4 bits of the codes in the 4-bit layout (words 0 and 1) and their high 2 bits in word 2,
 byte b bits 2j … 2j+1 holding column 4j + b, so that ``(word >> 2j) & 0x03030303`` pairs with
@@ -57,6 +60,7 @@ FORMATS: dict[Q, tuple[int, int, int, int, int]] = {
     Q.Q8_0: (8, 32, 128, 34, 32),
 }
 SUPER = 256  # weights per K-quant super-block (D, Dm)
+SUB = {Q.Q4_K: 2, Q.Q5_K: 2, Q.Q6_K: 4}  # groups a gw entry (two-level formats; else 1)
 
 
 class Packed(NamedTuple):
@@ -70,7 +74,7 @@ class Packed(NamedTuple):
     zero: int
     has_o: bool  # an offset field (high half of gw)
     signed: bool  # integer sub-scales are i8 (Q6_K), else u8
-    sub: int  # groups per gw entry: 2 for Q6_K, else 1
+    sub: int  # groups per gw entry: 4 for Q6_K, 2 for Q4_K and Q5_K, else 1 (``SUB``)
 
     @property
     def n(self) -> int:
@@ -215,6 +219,33 @@ def _halves(lo: torch.Tensor | None, hi: torch.Tensor | None) -> torch.Tensor:
     return _i32(_bits16(lo) | (_bits16(hi) << 16)).t().contiguous()
 
 
+def _entries(s: torch.Tensor, o: torch.Tensor | None, sub: int) -> torch.Tensor:
+    """Integer sub-scales s (and offsets o) [n, groups] → int32 entry words [groups/sub, n]: group
+    j of an entry in bits 32j/sub … (with o: s in the low half of them, o in the high half)."""
+    fb = 32 // sub
+    v = s.to(torch.int64) & ((1 << fb) - 1) if o is None else \
+        (s.to(torch.int64) & ((1 << fb // 2) - 1)) | ((o.to(torch.int64) & ((1 << fb // 2) - 1)) << (fb // 2))
+    n, g = v.shape
+    shifts = (torch.arange(sub, device=v.device, dtype=torch.int64) * fb).view(1, 1, sub)
+    return _i32((v.view(n, g // sub, sub) << shifts).sum(dim=2)).t().contiguous()
+
+
+def _sub_fields(gw: torch.Tensor, sub: int, signed: bool, has_o: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The inverse of ``_entries``: gw [E, n] → float32 sub-scales and offsets [n, E·sub]."""
+    fb = 32 // sub
+    w = gw.t().to(torch.int64) & 0xFFFFFFFF
+    shifts = (torch.arange(sub, device=gw.device, dtype=torch.int64) * fb).view(1, 1, sub)
+    v = (w[:, :, None] >> shifts).reshape(w.shape[0], -1)
+    if has_o:
+        hb = fb // 2
+        return (v & ((1 << hb) - 1)).float(), ((v >> hb) & ((1 << hb) - 1)).float()
+    v = v & ((1 << fb) - 1)
+    if signed:
+        v = torch.where(v >= 1 << (fb - 1), v - (1 << fb), v)
+    return v.float(), None
+
+
 ROW_CHUNK = 2048  # rows decoded at a time: temporaries stay bounded for any tensor
 
 
@@ -244,7 +275,7 @@ def pack(raw: torch.Tensor, qtype: Q, k: int, q6_planes: bool = False) -> Packed
     (``q6_planes``: Q6_K as 6-bit codes in two planes)."""
     bits, gs, zero, bb, bw = FORMATS[qtype]
     planes = q6_planes and qtype == Q.Q6_K
-    sub = 2 if qtype == Q.Q6_K else 1
+    sub = SUB.get(qtype, 1)
     n = raw.shape[0]
     chunks = []
     for i in range(0, n, ROW_CHUNK):
@@ -253,7 +284,7 @@ def pack(raw: torch.Tensor, qtype: Q, k: int, q6_planes: bool = False) -> Packed
         r = b.shape[0]
         s = s.reshape(r, -1)
         o = None if o is None else o.reshape(r, -1)
-        gw = _halves(s[:, 0::2], s[:, 1::2]) if sub == 2 else _halves(s, o)
+        gw = _entries(s, o, sub) if d is not None else _halves(s, o)
         sw = None if d is None else _halves(d.reshape(r, -1), None if dm is None else dm.reshape(r, -1))
         q = _words6(u.reshape(r, k)) if planes else _words(u.reshape(r, k), bits, gs)
         chunks.append(Packed(q, gw, sw, 6 if planes else bits, gs, zero, o is not None, s.dtype == torch.int8,
@@ -289,17 +320,13 @@ def scales(p: Packed) -> tuple[torch.Tensor, torch.Tensor | None]:
     gw = p.gw.t()
     if not p.two_level:
         return _field(gw, False, "f16"), _field(gw, True, "f16") if p.has_o else None
-    kind = "i" if p.signed else "u"
-    if p.sub == 2:
-        sc = torch.stack([_field(gw, False, kind), _field(gw, True, kind)], dim=-1).reshape(p.n, -1)
-    else:
-        sc = _field(gw, False, kind)
+    sc, mn = _sub_fields(p.gw, p.sub, p.signed, p.has_o)
     sw = p.sw.t()  # type: ignore[union-attr]
     r = SUPER // p.gs
     scale = _field(sw, False, "f16").repeat_interleave(r, dim=1) * sc
     off = None
     if p.has_o:
-        off = _field(sw, True, "f16").repeat_interleave(r, dim=1) * _field(gw, True, kind)
+        off = _field(sw, True, "f16").repeat_interleave(r, dim=1) * mn
     return scale, off
 
 

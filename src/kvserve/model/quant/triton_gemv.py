@@ -39,14 +39,20 @@ def _f16(v, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _int(v, HIGH: tl.constexpr, SIGNED: tl.constexpr):
+def _sub_fields(gw, j, SUB: tl.constexpr, SIGNED: tl.constexpr, HAS_O: tl.constexpr):
+    """(integer sub-scale, integer offset) as floats of group ``j`` (0 … SUB − 1, a constant or a
+    tensor) of its scale word ``gw`` (two-level formats: ``cuda_pack``'s SUB groups an entry, 32 /
+    SUB bits each; with HAS_O the offset in the high half of a group's bits, the scale in the low)."""
+    FB: tl.constexpr = 32 // SUB
+    if HAS_O:
+        HB: tl.constexpr = FB // 2
+        v = gw >> (j * FB)
+        return (v & ((1 << HB) - 1)).to(tl.float32), ((v >> HB) & ((1 << HB) - 1)).to(tl.float32)
     if SIGNED:
-        if HIGH:
-            return (v >> 16).to(tl.float32)
-        return ((v << 16) >> 16).to(tl.float32)
-    if HIGH:
-        v = v >> 16
-    return (v & 0xFFFF).to(tl.float32)
+        v = (gw << (32 - FB - j * FB)) >> (32 - FB)
+    else:
+        v = (gw >> (j * FB)) & ((1 << FB) - 1)
+    return v.to(tl.float32), 0.0
 
 
 @triton.jit
@@ -108,17 +114,15 @@ def _group(x_ptr, q_ptr, grp, rn, lmask, valid, N, M, m0, stride_xm,
 
 
 @triton.jit
-def _scale_of(gw, sw, code, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
-              SIGNED: tl.constexpr):
+def _scale_of(gw, sw, code, offc, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr):
     """(scale, offset − zero·scale) of a group (any shape: one word a column, or a tile of groups)
     from its scale word ``gw``, the super-block word ``sw`` and, for ``TWO_LEVEL`` formats, the
-    group's integer sub-scale ``code`` (as a float: which half of ``gw`` holds it is the caller's
-    choice)."""
+    group's integer sub-scale ``code`` and offset ``offc`` (floats, ``_sub_fields``)."""
     if TWO_LEVEL:
         s = _f16(sw, False) * code
         o = -ZERO * s
         if HAS_O:
-            o += _f16(sw, True) * _int(gw, True, SIGNED)
+            o += _f16(sw, True) * offc
     else:
         s = _f16(gw, False)
         o = -ZERO * s
@@ -130,8 +134,11 @@ def _scale_of(gw, sw, code, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: 
 @triton.jit
 def _scale(gw, sw, J: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
            SIGNED: tl.constexpr, SUB: tl.constexpr):
-    """(scale, offset − zero·scale) of group ``J`` of the entry (its half J for SUB = 2)."""
-    return _scale_of(gw, sw, _int(gw, J == 1, SIGNED), ZERO, TWO_LEVEL, HAS_O, SIGNED)
+    """(scale, offset − zero·scale) of group ``J`` of the entry."""
+    code, offc = 0.0, 0.0
+    if TWO_LEVEL:
+        code, offc = _sub_fields(gw, J, SUB, SIGNED, HAS_O)
+    return _scale_of(gw, sw, code, offc, ZERO, TWO_LEVEL, HAS_O)
 
 
 @triton.jit
@@ -279,8 +286,9 @@ def _dequant_kernel(q_ptr, gw_ptr, sw_ptr, w_ptr, N, stride_wk,
         sw = tl.load(sw_ptr + ((e * SUB * GS) // _SUPER) * N + rn, mask=nmask, other=0)
     for j in tl.static_range(SUB):
         if TWO_LEVEL:
-            s = _f16(sw, False) * _int(gw, j == 1, SIGNED)
-            o = _f16(sw, True) * _int(gw, True, SIGNED)
+            code, offc = _sub_fields(gw, j, SUB, SIGNED, HAS_O)
+            s = _f16(sw, False) * code
+            o = _f16(sw, True) * offc
         else:
             s = _f16(gw, False)
             o = _f16(gw, True)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .cuda_pack import SUPER, Packed
-from .triton_gemv import _INTERPRET, _counters, _finish, _int, _meta, _scale_of, _sms
+from .triton_gemv import _INTERPRET, _counters, _finish, _meta, _scale_of, _sms, _sub_fields
 from . import pdl
 from .pdl import gdc_launch_dependents, gdc_wait
 from .triton_q8 import QuantX, _dot4
@@ -126,11 +126,10 @@ def _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0
     WPG: tl.constexpr = GS * BITS // 32
     grp = g0 + tl.arange(0, G)
     gok = grp < NG
-    if TWO_LEVEL and SUB == 2:  # which half of the entry a group is
-        code = tl.where((grp % 2 == 1)[:, None], _int(gw, True, SIGNED), _int(gw, False, SIGNED))
-    else:
-        code = _int(gw, False, SIGNED)
-    sc, off = _scale_of(gw, sw, code, ZERO, TWO_LEVEL, HAS_O, SIGNED)
+    code, offc = 0.0, 0.0
+    if TWO_LEVEL:  # which of its entry's groups a group is
+        code, offc = _sub_fields(gw, (grp % SUB)[:, None], SUB, SIGNED, HAS_O)
+    sc, off = _scale_of(gw, sw, code, offc, ZERO, TWO_LEVEL, HAS_O)
     a0 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
                     stride_sm, BITS, GS, G, WPG, BN)
     if BM > 1:
@@ -223,15 +222,17 @@ def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_p
 # programs a multiprocessor, within 1.5 % of each tensor's best everywhere. By weight bytes, the
 # first entry whose bound exceeds the tensor's (None: any size). For 2 or more batch rows.
 CONFIGS: list[tuple[int | None, TileConfig]] = [(None, TileConfig(128, 1, 8, 32))]
-# One batch row: narrower programs with deeper tiles (the warp's lanes across groups as well as
-# columns: fewer K slices to sum, as many bytes in flight a thread), the best of
-# ``bench/quant_cuda.py --sweep --tile-configs ...`` on an H200 for the 8B shape's tensors: V
-# (Q6_K, 4.6 MiB) 4.56 -> 3.72 us, O (10.2) 5.79 -> 5.66, Q+K (12.8) 6.59 -> 5.96, down (Q6_K,
-# 63.9) 19.29 -> 18.75, gate/up (71.8) 22.19 -> 21.53; the output projection (219-572 MiB) as before.
-ONE_ROW: list[tuple[int | None, TileConfig]] = [
-    (8 << 20, TileConfig(32, 1, 8, 128)), (16 << 20, TileConfig(64, 2, 8, 128)),
-    (70 << 20, TileConfig(32, 1, 8, 128)), (100 << 20, TileConfig(32, 1, 8, 64)),
-    (None, TileConfig(128, 1, 8, 32))]
+# One batch row, by code bits: narrower programs with deeper tiles (the warp's lanes across
+# groups as well as columns: fewer K slices to sum, as many bytes in flight a thread), the best
+# of ``bench/quant_cuda.py --sweep --tile-configs ...`` on an H200 for the 8B shape's tensors
+# (µs, the 2+-row table's configuration → this one): V (Q6_K, 4.6 MiB) 4.56 → 3.72, O (Q4_K,
+# 10.2) 5.79 → 5.66, Q+K (12.8) 6.59 → 5.96, down (Q6_K, 63.9) 19.29 → 18.75, gate/up (71.8)
+# 22.19 → 21.53 (sizes with the scale words of that run; the output projection, 219-572 MiB, as
+# before). Other code widths, and tensors past the last bound: ``CONFIGS``.
+ONE_ROW: dict[int, list[tuple[int, TileConfig]]] = {
+    8: [(100 << 20, TileConfig(32, 1, 8, 128))],
+    4: [(16 << 20, TileConfig(64, 2, 8, 128)), (100 << 20, TileConfig(32, 1, 8, 64))],
+}
 
 
 def _tuning() -> dict[int, TileConfig]:
@@ -251,7 +252,11 @@ def default_config(p: Packed, m: int) -> TileConfig:
     cfg = TUNING.get(p.nbytes)
     if cfg is not None:
         return cfg
-    return next(c for below, c in (ONE_ROW if m == 1 else CONFIGS) if below is None or p.nbytes < below)
+    if m == 1:
+        for below, c in ONE_ROW.get(p.bits, ()):
+            if p.nbytes < below:
+                return c
+    return next(c for below, c in CONFIGS if below is None or p.nbytes < below)
 
 
 def groups_of(p: Packed, cfg: TileConfig, m: int) -> int:
