@@ -42,17 +42,22 @@ def _f16(v, HIGH: tl.constexpr):
 def _sub_fields(gw, j, SUB: tl.constexpr, SIGNED: tl.constexpr, HAS_O: tl.constexpr):
     """(integer sub-scale, integer offset) as floats of group ``j`` (0 … SUB − 1, a constant or a
     tensor) of its scale word ``gw`` (two-level formats: ``cuda_pack``'s SUB groups an entry, 32 /
-    SUB bits each; with HAS_O the offset in the high half of a group's bits, the scale in the low)."""
+    SUB bits each; with HAS_O the offset in the high half of a group's bits, the scale in the low;
+    without, the offset is 0)."""
     FB: tl.constexpr = 32 // SUB
     if HAS_O:
         HB: tl.constexpr = FB // 2
         v = gw >> (j * FB)
-        return (v & ((1 << HB) - 1)).to(tl.float32), ((v >> HB) & ((1 << HB) - 1)).to(tl.float32)
-    if SIGNED:
-        v = (gw << (32 - FB - j * FB)) >> (32 - FB)
+        code = (v & ((1 << HB) - 1)).to(tl.float32)
+        offc = ((v >> HB) & ((1 << HB) - 1)).to(tl.float32)
     else:
-        v = (gw >> (j * FB)) & ((1 << FB) - 1)
-    return v.to(tl.float32), 0.0
+        if SIGNED:
+            v = (gw << (32 - FB - j * FB)) >> (32 - FB)
+        else:
+            v = (gw >> (j * FB)) & ((1 << FB) - 1)
+        code = v.to(tl.float32)
+        offc = code * 0.0
+    return code, offc
 
 
 @triton.jit
@@ -135,9 +140,11 @@ def _scale_of(gw, sw, code, offc, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, H
 def _scale(gw, sw, J: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr, HAS_O: tl.constexpr,
            SIGNED: tl.constexpr, SUB: tl.constexpr):
     """(scale, offset − zero·scale) of group ``J`` of the entry."""
-    code, offc = 0.0, 0.0
     if TWO_LEVEL:
         code, offc = _sub_fields(gw, J, SUB, SIGNED, HAS_O)
+    else:  # not read
+        code = gw.to(tl.float32)
+        offc = code
     return _scale_of(gw, sw, code, offc, ZERO, TWO_LEVEL, HAS_O)
 
 

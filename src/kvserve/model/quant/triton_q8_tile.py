@@ -126,9 +126,11 @@ def _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0
     WPG: tl.constexpr = GS * BITS // 32
     grp = g0 + tl.arange(0, G)
     gok = grp < NG
-    code, offc = 0.0, 0.0
     if TWO_LEVEL:  # which of its entry's groups a group is
         code, offc = _sub_fields(gw, (grp % SUB)[:, None], SUB, SIGNED, HAS_O)
+    else:  # not read
+        code = gw.to(tl.float32)
+        offc = code
     sc, off = _scale_of(gw, sw, code, offc, ZERO, TWO_LEVEL, HAS_O)
     a0 += _tile_row(words, hiw, sc, off, xq_ptr, xd_ptr, xs_ptr, m0, grp, gok, M, stride_qm, stride_dm,
                     stride_sm, BITS, GS, G, WPG, BN)
