@@ -1,0 +1,85 @@
+"""Compile the CUDA kernels of the quantized GEMVs and the one-launch decode attention for sm90
+(an H100/H200) on a machine without a GPU, with the ptxas of Triton's wheel: the checks of
+Triton's compiler (types, shapes, return values) that its interpreter does not make.
+
+    TRITON_INTERPRET= python -m tests.unit.sm90_compile     # prints a line a kernel; exit 1 on a failure
+"""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from gguf import GGMLQuantizationType as Q
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kvserve.model.backends.triton_kernels import fused_decode
+from kvserve.model.quant import triton_gemv, triton_q8, triton_q8_tile
+from kvserve.model.quant.cuda_pack import FORMATS, SUB
+
+TARGET = GPUTarget("cuda", 90, 32)
+FLOAT_ARGS = {"eps", "qk_scale"}
+
+
+def signature(fn, consts: dict, ptrs: dict) -> dict:
+    """Every argument of ``fn``: constexpr (in ``consts``), a pointer (``*_ptr``: ``ptrs`` or *i32),
+    float32 (``FLOAT_ARGS``) or int32."""
+    out = {}
+    for a in fn.arg_names:
+        if a in consts:
+            out[a] = "constexpr"
+        elif a.endswith("_ptr"):
+            out[a] = ptrs.get(a, "*i32")
+        else:
+            out[a] = "fp32" if a in FLOAT_ARGS else "i32"
+    return out
+
+
+def layout(q: Q, planes: bool = False) -> dict:
+    bits, gs, zero, _, _ = FORMATS[q]
+    return dict(BITS=6 if planes else bits, GS=gs, ZERO=zero, TWO_LEVEL=q in (Q.Q4_K, Q.Q5_K, Q.Q6_K),
+                HAS_O=q in (Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.Q5_K), SIGNED=q == Q.Q6_K, SUB=SUB.get(q, 1))
+
+
+def cases():
+    act = {"xd_ptr": "*fp32", "xs_ptr": "*fp32", "x_ptr": "*bf16", "y_ptr": "*bf16", "p_ptr": "*fp32",
+           "b_ptr": "*fp32", "w_ptr": "*bf16"}
+    for q, planes in ((Q.Q4_K, False), (Q.Q6_K, False), (Q.Q6_K, True), (Q.Q5_K, False), (Q.Q4_0, False),
+                      (Q.Q8_0, False)):
+        m = layout(q, planes)
+        name = q.name + (" planes" if planes else "")
+        yield (f"{name} tiled GEMV", triton_q8_tile._tile_kernel, 2, act,
+               dict(m, HAS_BIAS=False, BM=1, BN=64, G=8, SPLIT=True, STAGES=1, SB=16, PRE=True, GDC=True,
+                    TRIGGER=True))
+        if planes:
+            continue
+        base = dict(m, HAS_BIAS=True, BM=4, BN=128, SPLIT=True, STAGES=1, SB=16)
+        yield f"{name} float GEMV", triton_gemv._gemv_kernel, 1, act, base
+        yield f"{name} int8 GEMV", triton_q8._q8_kernel, 1, act, base
+        yield f"{name} dequantize", triton_gemv._dequant_kernel, 4, act, dict(m, BN=128)
+    for quant in (False, True):
+        yield (f"decode attention{' + quantized output' if quant else ''}", fused_decode._decode_fused_kernel, 4,
+               {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "mid_o_ptr": "*fp32", "mid_lse_ptr": "*fp32",
+                "out_ptr": "*bf16", "xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32"},
+               dict(H=32, HKV=8, G=4, D=128, PS=16, RD=128, NEOX=False, ROPE=True, BLOCK_G=16, GP=4, BLOCK_D=128,
+                    BLOCK_N=32, BLOCK_S=32, PREC="tf32", PDL=True, TRIGGER=True, QUANT=quant))
+
+
+def main() -> int:
+    failed = 0
+    for name, fn, warps, ptrs, consts in cases():
+        consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+        try:
+            triton.compile(ASTSource(fn, signature(fn, consts, ptrs), consts), target=TARGET,
+                           options={"num_warps": warps})
+            print(f"ok    {name}")
+        except Exception as e:  # a compile error: printed, counted
+            failed += 1
+            print(f"FAIL  {name}: {type(e).__name__}: {str(e)[:2000]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
