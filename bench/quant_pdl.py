@@ -9,7 +9,7 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
 ``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+notrig``
 ``KVSERVE_DECODE_TRIGGER=0`` (the one-launch decode attention does not let the kernel after it start early), ``+pN`` runs every
 tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
-table's 8 otherwise), ``+noqo`` ``KVSERVE_DECODE_QUANT_OUT=0`` (the output projection quantizes its input itself, not the attention's merge), ``+wide`` runs batch 1 at the table of 2+ rows (``triton_q8_tile.CONFIGS``, the batch-1 table before ``ONE_ROW``), ``+tune`` runs each tensor at the configuration of ``--tuning FILE`` (as
+table's 8 otherwise), ``+serial`` ``KVSERVE_GEMV_STREAMS=0`` (a module's second segment, Q6_K V beside Q4_K Q/K, after the first on one stream), ``+noqo`` ``KVSERVE_DECODE_QUANT_OUT=0`` (the output projection quantizes its input itself, not the attention's merge), ``+wide`` runs batch 1 at the table of 2+ rows (``triton_q8_tile.CONFIGS``, the batch-1 table before ``ONE_ROW``), ``+tune`` runs each tensor at the configuration of ``--tuning FILE`` (as
 ``bench/quant_cuda.py --sweep --best FILE`` writes it; ``KVSERVE_GEMV_TILE_TUNING``'s format).
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
 the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings. The table: tok/s per setting and the
@@ -32,7 +32,7 @@ from engine import DTYPES, Bench, copy_bandwidth, models_from_args, parse_args, 
 
 from kvserve.model.loader import load_gguf  # noqa: E402
 from kvserve.model.backends.triton_kernels import fused_decode  # noqa: E402
-from kvserve.model.quant import pdl, triton_q8_tile  # noqa: E402
+from kvserve.model.quant import cuda_linear, pdl, triton_q8_tile  # noqa: E402
 
 
 DEFAULT_CONFIGS = list(triton_q8_tile.CONFIGS)
@@ -45,6 +45,7 @@ def apply(setting: str) -> None:
     pdl.LEVEL = int(level)
     os.environ["KVSERVE_DECODE_PDL"] = "1" if "attn" in extra else "0"
     os.environ["KVSERVE_DECODE_QUANT_OUT"] = "0" if "noqo" in extra else "1"
+    cuda_linear.PARALLEL_SEGMENTS = "serial" not in extra
     fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
     triton_q8_tile.ONE_ROW.clear()
