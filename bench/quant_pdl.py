@@ -5,15 +5,23 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
     python bench/quant_pdl.py --synth SHAPE --synth-qtype Q4_K_M --device cuda --weights quant \\
         --prefill 512 --batches 1 --ctx 2048 --steps 32 --reps 3 --settings 0,1,2,2+attn --rounds 2
 
-``--settings``: ``KVSERVE_QUANT_GEMV_PDL`` levels (``kvserve.model.quant.pdl``); ``+attn`` adds
-``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too), ``+notrig``
-``KVSERVE_DECODE_TRIGGER=0`` (the one-launch decode attention does not let the kernel after it start early), ``+pN`` runs every
-tiled GEMV with its K split set for N programs a multiprocessor (``TileConfig.programs``; the
-table's 8 otherwise), ``+serial`` ``KVSERVE_GEMV_STREAMS=0`` (a module's second segment, Q6_K V beside Q4_K Q/K, after the first on one stream), ``+noqo`` ``KVSERVE_DECODE_QUANT_OUT=0`` (the output projection quantizes its input itself, not the attention's merge), ``+wide`` runs batch 1 at the table of 2+ rows (``triton_q8_tile.CONFIGS``, the batch-1 table before ``ONE_ROW``), ``+tune`` runs each tensor at the configuration of ``--tuning FILE`` (as
-``bench/quant_cuda.py --sweep --best FILE`` writes it; ``KVSERVE_GEMV_TILE_TUNING``'s format).
+``--settings``: ``KVSERVE_QUANT_GEMV_PDL`` levels (``kvserve.model.quant.pdl``), each with any of:
+
+- ``+attn``: ``KVSERVE_DECODE_PDL=1`` (the one-launch decode attention as a dependent launch too);
+- ``+notrig``: ``KVSERVE_DECODE_TRIGGER=0`` (that attention does not let the kernel after it start early);
+- ``+pN``: every tiled GEMV at the 2+-row configuration with its K split set for N programs a
+  multiprocessor (``TileConfig.programs``; the table's 8 otherwise);
+- ``+wide``: batch 1 at the 2+-row table (``triton_q8_tile.CONFIGS``) instead of ``ONE_ROW``;
+- ``+tune``: each tensor at the configuration of ``--tuning FILE`` (as ``bench/quant_cuda.py
+  --sweep --best FILE`` writes it; ``KVSERVE_GEMV_TILE_TUNING``'s format);
+- ``+serial``: ``KVSERVE_GEMV_STREAMS=0`` (a module's second segment, Q6_K V beside Q4_K Q/K,
+  after the first on one stream);
+- ``+noqo``: ``KVSERVE_DECODE_QUANT_OUT=0`` (the output projection quantizes its input itself,
+  not the attention's merge).
+
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
-the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings. The table: tok/s per setting and the
-fraction of the roofline (weights + the context's KV at the copy bandwidth measured in the run).
+the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings.
+The table: tok/s per setting and the fraction of the roofline (weights + the context's KV at the copy bandwidth measured in the run).
 """
 
 from __future__ import annotations
