@@ -178,6 +178,11 @@ def _serve(engine: Any, cfg: Any, profile: str | None) -> None:
         http_prof = cProfile.Profile()
         profs.append(http_prof)
     engine.start()
+    from kvserve.model import heap
+
+    freeze = getattr(heap, "freeze", None)  # as the server's start-up does (trees that have it)
+    if freeze is not None:
+        freeze()
     # uvicorn re-raises the SIGTERM it caught once it has shut down: end with SystemExit then, so
     # that the profiles below are written
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

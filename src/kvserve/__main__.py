@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> None:
             real = build_engine(cfg)
             real.start()
             engine.attach(real)
+            from .model.heap import freeze
+
+            freeze()  # what start-up left lives as long as the server: out of every full collection
         except ConfigError as e:
             print(e.message, file=sys.stderr)
             os._exit(1)

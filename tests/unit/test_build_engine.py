@@ -43,3 +43,36 @@ def test_load_temporaries_go_once_the_engine_exists() -> None:
     meta = {"tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": ["a b"], "general.name": "m"}
     drop_load_temporaries(SimpleNamespace(metadata=meta, device=SimpleNamespace(type="cuda")))
     assert meta == {"general.name": "m"} and not linecache.cache
+
+
+def test_the_heap_is_frozen_once_the_loaded_engine_is_started_and_attached(tmp_path, monkeypatch) -> None:
+    import threading
+
+    import kvserve.__main__ as entry
+    from kvserve.model import heap
+    from kvserve.server import http_server
+
+    path = write_random_gguf(str(tmp_path / "m.gguf"), SynthSpec(arch="llama", n_layer=1, n_vocab=300))
+    events: list[str] = []
+    frozen = threading.Event()
+
+    class Stub:
+        ready = False
+
+        def start(self) -> None:
+            events.append("start")
+            self.ready = True
+
+    def serve(engine, cfg) -> None:  # noqa: ANN001 - until the load thread is done
+        assert frozen.wait(30)
+        events.append("attached" if engine.ready else "not attached")
+
+    def freeze() -> None:
+        events.append("freeze")
+        frozen.set()
+
+    monkeypatch.setattr(entry, "build_engine", lambda cfg: Stub())
+    monkeypatch.setattr(http_server, "serve", serve)
+    monkeypatch.setattr(heap, "freeze", freeze)
+    entry.main(["-m", path, "-c", "256", "-np", "1"])
+    assert events == ["start", "freeze", "attached"]

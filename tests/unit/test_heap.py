@@ -53,3 +53,34 @@ def test_library_pages_leave_and_return() -> None:
     assert r["before"] - r["after"] > 20, r  # libtorch's pages that loading read (~45 MiB)
     assert r["same"]  # the code still runs, bit for bit
     assert all("w" not in p and p.startswith("r") for p in r["perms"]), r["perms"]
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_freeze_collects_first_then_keeps_the_living_out_of_collections() -> None:
+    import gc
+    import weakref
+
+    from kvserve.model import heap
+
+    dead = _Cycle()
+    dead_ref = weakref.ref(dead)
+    del dead  # unreachable before the freeze: collected by it, not frozen
+    alive = _Cycle()
+    alive_ref = weakref.ref(alive)
+    try:
+        heap.freeze()
+        assert dead_ref() is None
+        assert gc.get_freeze_count() > 0
+        del alive  # garbage now, but frozen: full collections leave it
+        gc.collect()
+        assert alive_ref() is not None
+        assert heap.thaw() is True and gc.get_freeze_count() == 0
+        gc.collect()
+        assert alive_ref() is None
+        assert heap.thaw() is False  # nothing frozen any more
+    finally:
+        gc.unfreeze()

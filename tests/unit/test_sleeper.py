@@ -165,3 +165,39 @@ def test_reading_anything_else_wakes_it() -> None:
     wait_until(lambda: eng.is_sleeping)
     assert eng.generate() == "ok" and not eng.is_sleeping and len(built) == 2
     eng.stop_monitor()
+
+
+def test_a_frozen_heap_is_thawed_to_free_the_engine_and_frozen_again_on_wake() -> None:
+    from kvserve.model import heap
+
+    first = StubEngine()
+    first.me = first  # type: ignore[attr-defined]  # a reference cycle: only a collection frees it
+    ref = weakref.ref(first)
+    first.start()
+    eng = SleepingEngine(lambda: StubEngine(), 60.0, n_slots=1, poll_s=0.02)
+    eng.attach(first)
+    del first
+    try:
+        heap.freeze()  # as the server's start-up does
+        eng.sleep_now()
+        assert eng.is_sleeping
+        assert ref() is None  # thawed and collected, though it was frozen
+        assert gc.get_freeze_count() == 0
+        eng.begin_request()  # wakes it
+        eng.end_request()
+        assert not eng.is_sleeping and gc.get_freeze_count() > 0  # frozen again
+    finally:
+        gc.unfreeze()
+        eng.stop_monitor()
+
+
+def test_an_unfrozen_heap_stays_unfrozen_across_sleep_and_wake() -> None:
+    eng, _built = make(60.0)
+    try:
+        assert gc.get_freeze_count() == 0
+        eng.sleep_now()
+        eng.begin_request()
+        eng.end_request()
+        assert not eng.is_sleeping and gc.get_freeze_count() == 0
+    finally:
+        eng.stop_monitor()

@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..model import heap
 from .stats import EngineStats, throughput
 
 log = logging.getLogger("kvserve.engine")
@@ -56,6 +57,7 @@ class SleepingEngine:
         self._scrape_lock = threading.Lock()
         self.on_sleep: list[Callable[[], None]] = []
         self.n_sleeps = 0
+        self._refreeze = False  # the heap was frozen (heap.freeze) when it went to sleep
         self.n_wakes = 0
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -135,6 +137,9 @@ class SleepingEngine:
         self._engine = None
         engine.stop()
         del engine
+        # a frozen heap holds the engine's start-up objects out of collections: thawed, so that
+        # the engine's reference cycles are freed now (frozen again once it is back)
+        self._refreeze = heap.thaw()
         gc.collect()
         if self._release is not None:
             self._release()
@@ -148,6 +153,9 @@ class SleepingEngine:
         _, stats, rates = self._kept
         engine.adopt_counters(stats, rates)
         engine.start()
+        if self._refreeze:
+            heap.freeze()
+            self._refreeze = False
         self._engine = engine
         self._kept = None
         self._sleeping = False
