@@ -54,3 +54,29 @@ def test_long_body_errors_are_the_inline_ones() -> None:
     chat_big = c.post("/v1/chat/completions", json={"messages": [{"role": "nobody", "content": pad}]})
     assert chat_small.status_code == chat_big.status_code == 400
     assert chat_small.json()["error"]["type"] == chat_big.json()["error"]["type"]
+
+
+def test_requests_carry_the_prompt_bytes_made_at_validation() -> None:
+    from kvserve.engine.slots import token_bytes
+    from kvserve.server import completions
+    from kvserve.server.engine_api import EngineAPI
+    from kvserve.server.settings import ServerSettings
+
+    eng = FakeEngine(n_ctx_slot=1 << 20)
+    c, _ = client(eng)
+    long_prompt = "word " * (PREPARE_IN_THREAD_BYTES // 4)
+    for body in ({"prompt": "word " * 10}, {"prompt": long_prompt}, {"prompt": ["one two", [5, 6, 7]], "n": 2},
+                 {"prompt": [1, 2, 3]}):
+        eng.submitted.clear()
+        r = c.post("/completion", json={**body, "n_predict": 1})
+        assert r.status_code == 200, r.text
+        assert eng.submitted and all(q.prompt_key == token_bytes(q.prompt_tokens) for q in eng.submitted)
+    bad = c.post("/completion", json={"prompt": [1, -1]})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "Prompt contains invalid tokens"
+    # prompts other than the ones validated get no bytes (the engine's intake makes them)
+    e: EngineAPI = eng  # type: ignore[assignment]
+    prompts, params = completions.prepare(completions.Kind.NATIVE, {"prompt": "one two"}, e, ServerSettings())
+    reqs = completions.build_requests(e, [list(prompts[0])], params, completions.CacheIdentity())
+    assert reqs[0].prompt_key is None
+    reqs = completions.build_requests(e, prompts, params, completions.CacheIdentity())
+    assert reqs[0].prompt_key == token_bytes(prompts[0])

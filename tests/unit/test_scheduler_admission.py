@@ -76,3 +76,29 @@ def test_admission_shortcuts_change_nothing(seed: int, n_pages: int, monkeypatch
     fast = _run(seed, n_pages)
     _plain(monkeypatch)
     assert _run(seed, n_pages) == fast
+
+
+def test_intake_takes_a_submitted_prompt_key_and_checks_its_range() -> None:
+    from kvserve.engine.request import CacheIdentity, GenerationRequest, RequestParams
+    from kvserve.engine.slots import token_bytes
+
+    from tests.events import GREEDY, Collector
+
+    h = Harness(n_pages=64, page_size=4, n_slots=2, n_ctx_slot=64)
+
+    def add(prompt: list[int], key: bytes | None) -> tuple[GenerationRequest, Collector]:
+        ev = Collector()
+        req = GenerationRequest(len(h.sch.waiting) + 100, prompt, RequestParams(n_predict=2, sampling=GREEDY),
+                                CacheIdentity(), prompt_key=key)
+        h.sch.add(req, ev)
+        return req, ev
+
+    made = token_bytes([1, 2, 3])
+    req, ev = add([1, 2, 3], made)
+    assert req.prompt_key is made and not ev.events  # taken as it is
+    _, ev = add([1, 2, 3], token_bytes([1, 2, 99]))  # its range is read from the key given
+    assert ev.error is not None and ev.error.code == 400 and ev.error.message == "Prompt contains invalid tokens"
+    req, ev = add([4, 5, 6, 7], made)  # not this prompt's length: made again from the tokens
+    assert req.prompt_key == token_bytes([4, 5, 6, 7]) and not ev.events
+    _, ev = add([4, 5, 99], None)  # none given: the tokens' own check
+    assert ev.error is not None and ev.error.code == 400

@@ -73,8 +73,9 @@ class GenerationRequest:
     # stages of its time to first token (EngineStats.first_token)
     t_received: float = 0.0
     t_submitted: float = 0.0
-    # token_bytes(prompt_tokens), set at intake (Scheduler.add): slot choice and the prefix
-    # cache compare prompts as bytes
+    # token_bytes(prompt_tokens), set at intake (Scheduler.add) unless the submitter made it
+    # (the HTTP side does, in its worker thread): slot choice and the prefix cache compare
+    # prompts as bytes
     prompt_key: bytes | None = field(default=None, repr=False, compare=False)
 
 

@@ -26,7 +26,7 @@ from ..plan import Plan, SeqChunk
 from .request import CacheIdentity, Emit, ErrorEvent, GenerationRequest, ProgressEvent
 from .sequence import Sequence, SeqState
 from .slot_choice import SlotChooser
-from .slots import Slot, lcp_len, prompt_key
+from .slots import Slot, key_in_range, lcp_len, prompt_key
 from .snapshot import IDLE
 from .stats import EngineStats, timings
 
@@ -72,7 +72,11 @@ class Scheduler(Commit):
     # -- intake ----------------------------------------------------------------------------
     def add(self, req: GenerationRequest, emit: Emit) -> None:
         n = len(req.prompt_tokens)
-        valid, req.prompt_key = prompt_key(req.prompt_tokens, self.tok.n_vocab)
+        key = req.prompt_key
+        if key is not None and len(key) == 4 * n:  # made with the request (the HTTP side's intake)
+            valid = key_in_range(key, self.tok.n_vocab)
+        else:
+            valid, req.prompt_key = prompt_key(req.prompt_tokens, self.tok.n_vocab)
         if not valid:
             emit(ErrorEvent(req.id, req.index, 400, "Prompt contains invalid tokens", "invalid_request_error"))
             return

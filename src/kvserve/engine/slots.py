@@ -68,10 +68,15 @@ def prompt_key(tokens: Sequence[int], n_vocab: int) -> tuple[bool, bytes | None]
         key = token_bytes(tokens)
     except struct.error:
         return not tokens or (min(tokens) >= 0 and max(tokens) < n_vocab), None
-    if not tokens:
-        return True, key
+    return key_in_range(key, n_vocab), key
+
+
+def key_in_range(key: bytes, n_vocab: int) -> bool:
+    """Whether every token of ``key`` (``token_bytes`` of a prompt) is in ``[0, n_vocab)``."""
+    if not key:
+        return True
     a = np.frombuffer(key, dtype=np.int32)
-    return bool(a.min() >= 0 and a.max() < n_vocab), key
+    return bool(a.min() >= 0 and a.max() < n_vocab)
 
 
 def lcp_bytes(a: bytes, b: bytes) -> int:

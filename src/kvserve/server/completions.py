@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from kvserve.engine.request import CacheIdentity, ErrorEvent, GenerationRequest
+from kvserve.engine.slots import prompt_key
 from kvserve.server import anthropic_out, responses_out, sse
 from kvserve.server import responses as R
 from kvserve.server.anthropic import anthropic_to_chat
@@ -38,7 +39,6 @@ from kvserve.server.prompts import (
     tokenize_mixed,
     tokenize_prompts,
     validate_input_extra,
-    validate_tokens,
 )
 from kvserve.server.responses_api import responses_to_chat
 from kvserve.server.settings import ServerSettings
@@ -111,8 +111,15 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
                 if rendered.tool_grammar is not None:
                     params.grammar = rendered.tool_grammar
                 params.chat_format = "peg-native" if s.jinja else "Content-only"
+        # validate_tokens' check, read from each prompt's bytes, which the engine's intake then
+        # takes as they are (made here, in the worker thread, not on the engine thread)
+        keys: list[tuple[list[int], bytes | None]] = []
         for p in prompts:
-            validate_tokens(p, tok.n_vocab)
+            ok, key = prompt_key(p, tok.n_vocab)
+            if not ok:
+                raise invalid("Prompt contains invalid tokens")
+            keys.append((p, key))
+        params.prompt_keys = keys
     except ApiError:
         raise
     except (ValueError, TypeError, KeyError) as e:
@@ -123,9 +130,12 @@ def prepare(kind: Kind, body: dict[str, Any], engine: EngineAPI, s: ServerSettin
 def build_requests(engine: EngineAPI, prompts: list[list[int]], params: CompletionParams,
                    identity: CacheIdentity, t_received: float = 0.0) -> list[GenerationRequest]:
     n = params.n_cmpl
+    made = params.prompt_keys
+    # a prompt's bytes go with it when they were made from this very list (prepare's)
+    keys = [made[i][1] if i < len(made) and made[i][0] is toks else None for i, toks in enumerate(prompts)]
     return [
         GenerationRequest(id=engine.new_request_id(), prompt_tokens=list(toks), params=params.child(j),
-                          identity=identity, index=i * n + j, t_received=t_received)
+                          identity=identity, index=i * n + j, t_received=t_received, prompt_key=keys[i])
         for i, toks in enumerate(prompts)
         for j in range(n)
     ]

@@ -43,6 +43,9 @@ class CompletionParams:
     generation_prompt: str = ""
     chat_syntax: ChatSyntax | None = None  # chat requests: how the output is parsed
     grammar: GrammarSpec | None = None  # compiled into req.grammar before submission
+    # (prompt, its ``token_bytes`` or None) per prompt, as validated (``completions.prepare``):
+    # handed to the engine with the requests of that very prompt list (``build_requests``)
+    prompt_keys: list[tuple[list[int], bytes | None]] = field(default_factory=list, repr=False)
 
     def child(self, j: int) -> RequestParams:
         """Parameters of the j-th of n_cmpl parallel samples: seed + j (unless random), any slot."""
