@@ -24,7 +24,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -100,18 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="workload repetitions per process (the minimum is kept)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from engine import synth_path
-    from host_overhead import TINY
+    from common import TINY, tiny_model, tree_env, trees_of
 
-    model = synth_path(TINY, "F16", os.environ.get("KVSERVE_SYNTH_DIR",
-                                                   os.path.join(tempfile.gettempdir(), "kvserve-synth")))
+    model = tiny_model()
     if args.child:
         res = measure(model, args.reps)
         print(" ".join(f"{w}={min(v)}" for w, v in res.items()))
         return 0
     from common import print_conditions, print_table
 
-    trees = [t.split("=", 1) for t in args.tree] or [["this", os.path.join(os.path.dirname(HERE), "src")]]
+    trees = trees_of(args.tree, HERE)
     print_conditions("engine thread CPU time, null runner, no HTTP", {
         "trees": "; ".join(f"{n}: {s}" for n, s in trees),
         "model": f"{TINY} (random weights; its vocabulary and tokenizer matter here)",
@@ -124,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for rnd in range(args.repeat):
         for name, src in trees:
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-                [os.path.abspath(x) for x in src.split(os.pathsep)] + [os.environ.get("PYTHONPATH", "")]))
+            env = tree_env(src)
             r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "1", "--reps", str(args.reps)],
                                env=env, capture_output=True, text=True, check=True)
             vals = dict(kv.split("=") for kv in r.stdout.split()[-len(WORKLOADS):])

@@ -26,7 +26,6 @@ import gc
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -68,22 +67,11 @@ class _Runner:
         self.cpu = 0.0
 
     def run(self, plan: Any, prev_tokens: Any = None) -> Any:
-        from kvserve.plan import RunOutput
+        from common import null_logits
 
         t0 = time.thread_time()
-        want = [c for c in plan.chunks if c.logits != "none"]
         self._i = (self._i + 1) % len(self._pool)
-        src = self._pool[self._i]
-        n_rows = sum(len(c.tokens) if c.logits == "all" else 1 for c in want)
-        batch = src[:n_rows]
-        logits, rows, i = {}, {}, 0
-        for c in want:
-            n = len(c.tokens) if c.logits == "all" else 1
-            logits[c.seq_id] = batch[i: i + n]
-            rows[c.seq_id] = i
-            i += n
-        single = all(c.logits == "last" for c in want)
-        out = RunOutput(logits=logits, batch=batch if single else None, batch_rows=rows if single else None)
+        out = null_logits(plan, self._pool[self._i])
         out.ready = lambda: None
         self.cpu += time.thread_time() - t0
         return out
@@ -201,18 +189,16 @@ def main(argv: list[str] | None = None) -> int:
                    "steps (an experiment: the collections then skip the model, tokenizer and server objects)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from engine import synth_path
-    from host_overhead import TINY
+    from common import TINY, tiny_model, tree_env, trees_of
 
-    model = synth_path(TINY, "F16", os.environ.get("KVSERVE_SYNTH_DIR",
-                                                   os.path.join(tempfile.gettempdir(), "kvserve-synth")))
+    model = tiny_model()
     if args.child:
         res = measure(model, args.streams, args.steps, args.profile, args.gc_freeze)
         print(" ".join(f"{k}={v}" for k, v in res.items()))
         return 0
     from common import print_conditions, print_table
 
-    trees = [t.split("=", 1) for t in args.tree] or [["this", os.path.join(os.path.dirname(HERE), "src")]]
+    trees = trees_of(args.tree, HERE)
     print_conditions("engine thread CPU per decode step, steady state, no HTTP, no device", {
         "trees": "; ".join(f"{n}: {s}" for n, s in trees),
         "model": f"{TINY} (random weights; its vocabulary and tokenizer matter here)",
@@ -223,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for rnd in range(args.repeat):
         for name, src in trees:
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-                [os.path.abspath(x) for x in src.split(os.pathsep)] + [os.environ.get("PYTHONPATH", "")]))
+            env = tree_env(src)
             cmd = [sys.executable, os.path.abspath(__file__), "--child", "--streams", str(args.streams),
                    "--steps", str(args.steps)] + (["--profile", args.profile] if args.profile else []) \
                 + (["--gc-freeze"] if args.gc_freeze else [])

@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TINY = "llama:n_layer=1,n_embd=64,n_head=2,n_head_kv=1,head_dim=32,n_ff=128,n_vocab=49152,tied=False"
+from common import TINY, null_logits, tiny_model  # noqa: E402
 
 
 # -- the null runner ---------------------------------------------------------------------------
@@ -76,26 +76,11 @@ class NullRunner:
             time.sleep(left)
 
     def run(self, plan: Any, prev_tokens: Any = None) -> Any:
-        import torch
-
-        from kvserve.plan import RunOutput
-
         n_tok = sum(len(c.tokens) for c in plan.chunks)
         now = time.perf_counter()
         end = self._busy_until = max(now, self._busy_until) + self.step_s + self.token_s * n_tok
-        want = [c for c in plan.chunks if c.logits != "none"]
         self._i = (self._i + 1) % len(self._pool)
-        src = self._pool[self._i]
-        n_rows = sum(len(c.tokens) if c.logits == "all" else 1 for c in want)
-        batch = src[:n_rows] if n_rows <= src.shape[0] else torch.randn(n_rows, src.shape[1])
-        logits, rows, i = {}, {}, 0
-        for c in want:
-            n = len(c.tokens) if c.logits == "all" else 1
-            logits[c.seq_id] = batch[i : i + n]
-            rows[c.seq_id] = i
-            i += n
-        single = all(c.logits == "last" for c in want)
-        out = RunOutput(logits=logits, batch=batch if single else None, batch_rows=rows if single else None)
+        out = null_logits(plan, self._pool[self._i])
         if self.asynchronous:
             out.ready = lambda: self._until(end)
         else:
@@ -250,10 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import throughput
     from common import print_conditions, print_table, scrape_metrics
-    from engine import synth_path
-
-    model = args.model or synth_path(TINY, "F16", os.environ.get(
-        "KVSERVE_SYNTH_DIR", os.path.join(tempfile.gettempdir(), "kvserve-synth")))
+    model = args.model or tiny_model()
     c = args.concurrency
     workloads = [w for w in args.workloads.split(",") if w]
     print_conditions("kvserve host overhead (null runner)", {
