@@ -474,6 +474,27 @@ def test_decode_of_lists_tuples_and_iterables_agree(request: pytest.FixtureReque
 
 
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_decode_of_packed_ids_raises_as_the_loop_does(request: pytest.FixtureRequest, model: str) -> None:
+    """The join after packing the ids (every one an int in [0, 2**32)) gives the loop's bytes, and
+    for an id out of range (at n_vocab, above it, negative, beyond 32 bits) or not an int the loop's
+    error, wherever in a long list it is."""
+    tok = _tok(request, model)
+    n = tok.n_vocab
+    rng = random.Random(4)
+    ids = [rng.randrange(n) for _ in range(2040)]
+    assert tok.decode_bytes(ids, True) == b"".join(tok.token_bytes(t, True) for t in ids)
+    assert tok.decode_bytes([True, 2], True) == tok.token_bytes(1) + tok.token_bytes(2)
+    for bad, pos in ((n, 0), (n, 2039), (n + 7, 1000), (-1, 2039), (1 << 32, 5), (1 << 40, 2039)):
+        wrong = ids[:pos] + [bad] + ids[pos + 1:]
+        with pytest.raises(ValueError, match=f"invalid token id {bad} "):
+            tok.decode_bytes(wrong, True)
+        with pytest.raises(ValueError, match=f"invalid token id {bad} "):
+            tok.decode_bytes(tuple(wrong), False)
+    with pytest.raises(TypeError):
+        tok.decode_bytes(ids[:10] + [2.0], True)
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_vocabulary_is_read_from_the_library(request: pytest.FixtureRequest, model: str) -> None:
     """Once built, the tokenizer's ``vocab.tokens`` and ``vocab.token_to_id`` read the library's
     vocabulary (no Python copies): the same entries as the metadata's."""

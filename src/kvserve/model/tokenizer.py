@@ -15,6 +15,7 @@ BOS/EOS, the EOG set, pieces and detokenization are done here the way llama.cpp 
 from __future__ import annotations
 
 import re
+import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
@@ -404,6 +405,13 @@ class Tokenizer:
         pieces = self._pieces
         n = len(pieces)
         hidden = self._hidden
+        if isinstance(ids, (list, tuple)) and ids and (special or not hidden) and _non_negative_ints(ids):
+            # a prompt's ids (thousands): packing them checks that each is an int ≥ 0 in a third
+            # of min's and max's time, and an id ≥ n stops the join (the loop below says which)
+            try:
+                return b"".join(map(pieces.__getitem__, ids))
+            except IndexError:
+                pass
         if isinstance(ids, (list, tuple)) and ids and 0 <= min(ids) and max(ids) < n \
                 and (special or hidden.isdisjoint(ids)):
             # the common case in C loops (a prompt's text for a final response: thousands of ids)
@@ -427,6 +435,15 @@ class Tokenizer:
 
     def stream_decoder(self, special: bool = False) -> StreamDecoder:
         return StreamDecoder(self, special)
+
+
+def _non_negative_ints(ids: Sequence[int]) -> bool:
+    """Whether every id is an integer in [0, 2**32) (``struct`` packs them as unsigned ints)."""
+    try:
+        struct.pack(f"{len(ids)}I", *ids)
+    except struct.error:
+        return False
+    return True
 
 
 def utf8_complete_prefix(data: bytes) -> int:
