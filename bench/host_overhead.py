@@ -119,7 +119,9 @@ def serve_main(argv: list[str]) -> None:
 def _thread_cpu(engine: Any) -> None:
     """``/metrics`` also carries the CPU seconds of the engine thread and of the HTTP thread
     (this one) and of the whole process: CPU time, not wall time, so waiting for the
-    interpreter lock or the device counts in neither (``kvserve:bench_cpu_seconds_total``)."""
+    interpreter lock or the device counts in neither (``kvserve:bench_cpu_seconds_total``); and
+    the garbage collections by generation, their number and wall time (every thread waits
+    while one runs: ``kvserve:bench_gc_total``, ``kvserve:bench_gc_seconds_total``)."""
     http = threading.get_ident()
     snap = engine.metrics_snapshot
 
@@ -129,8 +131,24 @@ def _thread_cpu(engine: Any) -> None:
         except (OSError, ValueError):
             return 0.0
 
+    import gc
+
+    gc_s, gc_n, started = [0.0, 0.0, 0.0], [0, 0, 0], [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:  # any thread; the collector holds the GIL
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gc_s[info["generation"]] += time.perf_counter() - started[0]
+            gc_n[info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
+
     def with_cpu() -> dict[str, float]:
         m = snap()
+        for g in range(3):
+            m[f'kvserve:bench_gc_seconds_total{{generation="{g}"}}'] = gc_s[g]
+            m[f'kvserve:bench_gc_total{{generation="{g}"}}'] = gc_n[g]
         t = getattr(engine, "_thread", None)
         m['kvserve:bench_cpu_seconds_total{thread="engine"}'] = clock(t.ident if t is not None else None)
         m['kvserve:bench_cpu_seconds_total{thread="http"}'] = clock(http)
@@ -249,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"n_predict {args.burst_n_predict}, then the same again (cached)",
         "cpu": f"{os.cpu_count()} cores; client and server on the same machine",
     })
-    rows, rrows, crows, profiles, spies = [], [], [], [], []
+    rows, rrows, crows, grows, profiles, spies = [], [], [], [], [], []
     started: list[Any] = []  # the server processes throughput.run_target starts
 
     class Recorded(throughput.ServerProcess):  # type: ignore[misc, valid-type]
@@ -323,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
                                   1e6 * cpu["engine"] / n_tok if cpu["engine"] is not None and n_tok else None,
                                   1e6 * cpu["http"] / n_tok if cpu["http"] is not None and n_tok else None,
                                   1e6 * cpu["process"] / n_tok if cpu["process"] is not None and n_tok else None])
+                    gcs = [(_metric_delta(b, a, f'kvserve:bench_gc_total{{generation="{g}"}}'),
+                            _metric_delta(b, a, f'kvserve:bench_gc_seconds_total{{generation="{g}"}}')) for g in range(3)]
+                    grows.append([rep + 1, name, w] + [f"{n:.0f} / {1e3 * t:.1f}" if n is not None and t is not None
+                                                       else None for n, t in gcs])
                     rows.append([rep + 1, name, w, len(lv.ok), len(lv.results) - len(lv.ok), lv.agg_tps,
                                  lv.stream_tps, steps, 1e3 * lv.wall_s / steps if steps else None, per,
                                  wait_ms, lv.ttft_ms(50), lv.client_cpu_pct])
@@ -347,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         print("## CPU time of the server's threads (thread CPU clocks: waits for the GIL or the device excluded)\n")
         print_table(["rep", "tree", "workload", "tokens", "engine steps", "engine CPU ms / step",
                      "engine CPU us / token", "HTTP thread CPU us / token", "process CPU us / token"], crows, digits=1)
+    if grows:
+        print("## Garbage collections in the server during the run (count / ms of wall time, by generation)\n")
+        print_table(["rep", "tree", "workload", "young (0)", "middle (1)", "full (2)"], grows)
     if rrows:
         print("## Bursts (round 1 fresh prefix, round 2 cached)\n")
         print_table(["rep", "tree", "round", "ok", "TTFT mean ms", "TTFT p50 ms", "TTFT p95 ms", "prompt_n mean",
