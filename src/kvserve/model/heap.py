@@ -52,11 +52,10 @@ def freeze() -> None:
     """Once the server has started (model loaded, engine warmed up and running): garbage is
     collected, then every object still alive is moved out of the collector's generations
     (``gc.freeze``). What start-up left (the libraries' modules, functions and types, the
-    tokenizer, the weights' objects: ~220k objects with the tiny model, more with CUDA) lives as
-    long as the server, but a full collection walked it all again each time the survivors of
-    serving crossed the collector's threshold: ~150 ms on a 2-core CPU, falling on a burst's
-    requests (docs/benchmarks.md, the cached burst's serial Python). Full collections then walk
-    only what serving made. Reference counting frees frozen objects as before; only cyclic
+    tokenizer, the weights' objects) lives as long as the server, but a full collection walked it
+    all again each time the survivors of serving crossed the collector's threshold: 150-180 ms
+    on a 2-core CPU, every thread waiting, falling on a burst's requests (docs/benchmarks.md,
+    the cached burst's serial Python). Full collections then walk only what serving made. Reference counting frees frozen objects as before; only cyclic
     garbage among them waits for ``thaw`` (the sleeping engine thaws before dropping its engine).
     """
     import gc
