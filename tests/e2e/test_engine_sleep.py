@@ -19,7 +19,9 @@ def _generate(eng: Any, tokens: list[int]) -> list[int]:
     try:
         _, col = submit(eng, tokens, n_predict=6)
         t0 = time.monotonic()
-        while not col.done:
+        # the final event, then the snapshot of the step that ended the request (published after
+        # its events): the counters read next include it
+        while not col.done or eng.metrics_snapshot()["requests_processing"]:
             assert time.monotonic() - t0 < 60
             time.sleep(0.01)
         assert col.final is not None, col.error
