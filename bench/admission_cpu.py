@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3, help="workload repetitions per process (the minimum is kept)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from common import TINY, tiny_model, tree_env, trees_of
+    from engine_trees import TINY, tiny_model, tree_env, trees_of
 
     model = tiny_model()
     if args.child:

@@ -67,7 +67,7 @@ class _Runner:
         self.cpu = 0.0
 
     def run(self, plan: Any, prev_tokens: Any = None) -> Any:
-        from common import null_logits
+        from engine_trees import null_logits
 
         t0 = time.thread_time()
         self._i = (self._i + 1) % len(self._pool)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                    "steps (an experiment: the collections then skip the model, tokenizer and server objects)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from common import TINY, tiny_model, tree_env, trees_of
+    from engine_trees import TINY, tiny_model, tree_env, trees_of
 
     model = tiny_model()
     if args.child:

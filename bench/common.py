@@ -1,5 +1,6 @@
-"""Helpers shared by the benchmark scripts: the conditions header, Markdown tables,
-process-tree memory sampling through /proc, and starting/stopping a server process.
+"""Helpers shared by the benchmark scripts: the conditions header, Markdown tables, starting and
+stopping a server process, /metrics, deterministic text and streamed requests (process-tree memory
+through /proc: ``proc_memory``; the engine benchmarks' tiny model and null runner: ``engine_trees``).
 
 Nothing here imports kvserve, so the HTTP benchmarks can drive any llama-server-compatible
 binary from a machine that only has httpx.
@@ -17,11 +18,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 MIB = 1 << 20
@@ -93,147 +93,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-# -- memory through /proc -------------------------------------------------------------------------
+# -- models ----------------------------------------------------------------------------------------
 def default_models() -> list[str]:
     """The embedded SmolLM2 file, for scripts run without ``--model``."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
     from kvserve.model.files import default_model_path
 
     return [default_model_path()]
-
-
-def _status_kib(pid: int, key: str) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
-
-
-def rss_bytes(pid: int) -> int:
-    return _status_kib(pid, "VmRSS") * 1024
-
-
-def peak_rss_bytes(pid: int | str = "self") -> int:
-    """VmHWM: the kernel's own peak resident set of one process."""
-    return _status_kib(pid, "VmHWM") * 1024  # type: ignore[arg-type]
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's VmHWM (Linux >= 4.0: write 5 to clear_refs). False if refused."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    out += [int(x) for x in f.read().split()]
-            except OSError:
-                continue
-    except OSError:
-        return []
-    return out
-
-
-def _children_by_scan(pid: int) -> list[int]:
-    """Fallback when /proc/PID/task/TID/children is missing (CONFIG_PROC_CHILDREN off)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        if ppid == pid:
-            out.append(int(name))
-    return out
-
-
-_HAS_CHILDREN_FILE = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants alive now."""
-    seen, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.append(p)
-        todo += _children(p) if _HAS_CHILDREN_FILE else _children_by_scan(p)
-    return seen
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """Sum of VmRSS over the process and its descendants (shared pages count once per process)."""
-    return sum(rss_bytes(p) for p in process_tree(pid))
-
-
-@dataclass
-class MemorySampler:
-    """Samples the RSS of a process tree every ``interval`` seconds on a background thread.
-
-    ``extra`` (optional) is called at the same cadence and returns named readings (e.g. GPU
-    bytes from a server's /metrics); their maxima are kept in ``extra_peak``.
-    """
-
-    pid: int
-    interval: float = 0.1
-    extra: Any = None
-    samples: list[tuple[float, int]] = field(default_factory=list)
-    extra_peak: dict[str, float] = field(default_factory=dict)
-    extra_last: dict[str, float] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> MemorySampler:
-        self._thread = threading.Thread(target=self._run, name="mem-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
-
-    def sample(self) -> int:
-        v = tree_rss_bytes(self.pid)
-        self.samples.append((time.monotonic(), v))
-        if self.extra is not None:
-            try:
-                got = self.extra() or {}
-            except Exception:  # noqa: BLE001 - a failed scrape is a missing reading
-                got = {}
-            for k, x in got.items():
-                self.extra_last[k] = x
-                self.extra_peak[k] = max(self.extra_peak.get(k, x), x)
-        return v
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    @property
-    def peak(self) -> int:
-        return max((v for _, v in self.samples), default=0)
-
-    def peak_since(self, t0: float) -> int:
-        return max((v for t, v in self.samples if t >= t0), default=0)
 
 
 # -- server processes ---------------------------------------------------------------------------
@@ -535,48 +401,3 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any]) -> ReqResult:
     except Exception as e:  # noqa: BLE001 - reported per request
         res.error = f"{type(e).__name__}: {e}"[:200]
     return _finished(res, chunks, parts)
-
-
-# -- the engine benchmarks: the tiny model, the trees, the null runner's logits ------------------
-# (kvserve, torch and engine.py are imported only when these are called)
-TINY = "llama:n_layer=1,n_embd=64,n_head=2,n_head_kv=1,head_dim=32,n_ff=128,n_vocab=49152,tied=False"
-
-
-def tiny_model() -> str:
-    """The GGUF of ``TINY`` (random weights, the 1B shape's 49,152-token vocabulary), made once."""
-    from engine import synth_path
-
-    return synth_path(TINY, "F16", os.environ.get("KVSERVE_SYNTH_DIR",
-                                                  os.path.join(tempfile.gettempdir(), "kvserve-synth")))
-
-
-def trees_of(specs: list[str], bench_dir: str) -> list[list[str]]:
-    """``--tree NAME=SRC`` arguments as [name, src] pairs (none: this checkout's src, "this")."""
-    return [t.split("=", 1) for t in specs] or [["this", os.path.join(os.path.dirname(bench_dir), "src")]]
-
-
-def tree_env(src: str) -> dict[str, str]:
-    """This environment with the tree's ``src`` (a PYTHONPATH) before what the caller had."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.abspath(x) for x in src.split(os.pathsep)] + [os.environ.get("PYTHONPATH", "")]))
-
-
-def null_logits(plan: Any, src: Any) -> Any:
-    """A ``RunOutput`` for ``plan`` from the rows of ``src`` (a [rows, vocab] tensor): one row per
-    chunk that wants its last logits, all of a chunk's for ``logits == "all"``, one batch tensor
-    when every chunk wants its last row only (what the fast sampler reads)."""
-    import torch
-
-    from kvserve.plan import RunOutput
-
-    want = [c for c in plan.chunks if c.logits != "none"]
-    n_rows = sum(len(c.tokens) if c.logits == "all" else 1 for c in want)
-    batch = src[:n_rows] if n_rows <= src.shape[0] else torch.randn(n_rows, src.shape[1])
-    logits, rows, i = {}, {}, 0
-    for c in want:
-        n = len(c.tokens) if c.logits == "all" else 1
-        logits[c.seq_id] = batch[i : i + n]
-        rows[c.seq_id] = i
-        i += n
-    single = all(c.logits == "last" for c in want)
-    return RunOutput(logits=logits, batch=batch if single else None, batch_rows=rows if single else None)

@@ -35,15 +35,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from common import (  # noqa: E402
-    MIB,
-    peak_rss_bytes,
-    print_conditions,
-    print_table,
-    ratio,
-    reset_peak_rss,
-    rss_bytes,
-)
+from common import MIB, print_conditions, print_table, ratio  # noqa: E402
+from proc_memory import peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E402
 
 from step_profile import print_profiles, profile_step  # noqa: E402
 

@@ -50,7 +50,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import httpx  # noqa: E402
 from common import (  # noqa: E402
     MIB,
-    MemorySampler,
     ReqResult,
     ServerProcess,
     fmt,
@@ -63,8 +62,8 @@ from common import (  # noqa: E402
     scrape_metrics,
     stream_chat,
     stream_completion,
-    tree_rss_bytes,
 )
+from proc_memory import MemorySampler, tree_rss_bytes  # noqa: E402
 
 SCENARIOS = ("idle", "shared_prefix_burst", "seqshare", "multiturn", "churn")
 CONFIG_FLAGS = {"default": "", "no-cache-prompt": "--no-cache-prompt", "cache-ram-0": "--cache-ram 0",

@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-from common import TINY, null_logits, tiny_model  # noqa: E402
+from engine_trees import TINY, null_logits, tiny_model  # noqa: E402
 
 
 # -- the null runner ---------------------------------------------------------------------------

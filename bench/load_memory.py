@@ -42,18 +42,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (  # noqa: E402
-    MIB,
-    MemorySampler,
-    ServerProcess,
-    make_text,
-    peak_rss_bytes,
-    print_conditions,
-    print_table,
-    ratio,
-    reset_peak_rss,
-    rss_bytes,
-)
+from common import MIB, ServerProcess, make_text, print_conditions, print_table, ratio  # noqa: E402
+from proc_memory import MemorySampler, peak_rss_bytes, reset_peak_rss, rss_bytes  # noqa: E402
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 PROMPT_WORDS = 640  # ~700 tokens

@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import httpx  # noqa: E402
 from common import (  # noqa: E402
     MIB,
-    MemorySampler,
     ServerProcess,
     default_models,
     make_text,
@@ -39,6 +38,7 @@ from common import (  # noqa: E402
     print_table,
     ratio,
 )
+from proc_memory import MemorySampler  # noqa: E402
 
 SHORT_PROMPT = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle on a stormy night. "
