@@ -1,6 +1,7 @@
-"""Compile the CUDA kernels of the quantized GEMVs and the one-launch decode attention for sm90
-(an H100/H200) on a machine without a GPU, with the ptxas of Triton's wheel: the checks of
-Triton's compiler (types, shapes, return values) that its interpreter does not make.
+"""Compile every Triton kernel the CUDA path launches (dense and quantized GEMVs, the quantizers,
+norms, RoPE + KV write, decode, cascade and extend attention) for sm90 (an H100/H200) on a
+machine without a GPU, with the ptxas of Triton's wheel: the checks of Triton's compiler (types,
+shapes, return values) that its interpreter does not make.
 
     TRITON_INTERPRET= python -m tests.unit.sm90_compile     # prints a line a kernel; exit 1 on a failure
 """
@@ -14,7 +15,8 @@ from gguf import GGMLQuantizationType as Q
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kvserve.model.backends.triton_kernels import fused_decode
+from kvserve.model import _gemv_triton, _norm_triton
+from kvserve.model.backends.triton_kernels import cascade, decode, extend, fused_decode, rope
 from kvserve.model.quant import triton_gemv, triton_q8, triton_q8_tile
 from kvserve.model.quant.cuda_pack import FORMATS, SUB
 
@@ -58,6 +60,33 @@ def cases():
         yield f"{name} float GEMV", triton_gemv._gemv_kernel, 1, act, base
         yield f"{name} int8 GEMV", triton_q8._q8_kernel, 1, act, base
         yield f"{name} dequantize", triton_gemv._dequant_kernel, 4, act, dict(m, BN=128)
+    bf16 = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr", "out_ptr", "k_cache_ptr", "v_cache_ptr",
+                                 "x_ptr", "r_ptr", "s_ptr", "y_ptr", "gu_ptr", "w_ptr", "b_ptr", "sum_ptr")}
+    f32 = {n: "*fp32" for n in ("mid_o_ptr", "mid_lse_ptr", "cos_ptr", "sin_ptr", "p_ptr", "nw_ptr", "d_ptr")}
+    ptrs = {**bf16, **f32}
+    attn = dict(H=32, HKV=8, G=4, D=128, PS=16, PREC="tf32")
+    yield "RMSNorm", _norm_triton._rms_norm_kernel, 8, ptrs, dict(BLOCK=4096)
+    yield "residual add + RMSNorm", _norm_triton._add_rms_norm_kernel, 8, ptrs, dict(BLOCK=4096)
+    yield "act(gate) * up", _norm_triton._act_mul_kernel, 4, ptrs, dict(GELU=False, BLOCK=1024)
+    for pro in (0, 1, 2):
+        yield (f"dense GEMV, prologue {pro}", _gemv_triton.gemv_kernel, 4, dict(ptrs, s_ptr="*bf16", q_ptr="*fp32"),
+               dict(PRO=pro, GELU=False, HAS_BIAS=pro == 0, BM=1, BN=16, BK=256, SPLIT=True, SB=8, STAGES=1, PRE=1,
+                    PDL=True))
+    yield "RoPE + KV write", rope._rope_write_kernel, 2, ptrs, dict(H=32, HKV=8, D=128, RD=128, NEOX=False, PS=16,
+                                                                     BLOCK_H=4, BLOCK_D=128)
+    yield ("decode attention, splits", decode._decode_split_kernel, 4, ptrs,
+           dict(attn, BLOCK_G=16, BLOCK_D=128, BLOCK_N=64, HAS_START=True))
+    yield ("decode attention, merge", decode._decode_merge_kernel, 4, ptrs,
+           dict(H=32, D=128, BLOCK_S=32, BLOCK_D=128, HAS_START=True))
+    yield ("shared-prefix (cascade) attention", cascade._shared_prefix_kernel, 4, ptrs,
+           dict(attn, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128))
+    yield "extend attention", extend._extend_kernel, 4, ptrs, dict(attn, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128)
+    qptrs = dict(ptrs, q_ptr="*i8", d_ptr="*fp32", s_ptr="*fp32", x_ptr="*bf16", w_ptr="*bf16")
+    yield "quantize x", triton_q8._quant_x_kernel, 4, qptrs, dict(NB=16, WAIT=True, TRIGGER=True)
+    yield ("residual add + RMSNorm + quantize", triton_q8._norm_quant_kernel, 16, dict(qptrs, sum_ptr="*bf16"),
+           dict(BLOCK=4096, WAIT=True, TRIGGER=True))
+    yield "act(gate) * up + quantize", triton_q8._act_quant_kernel, 4, qptrs, dict(GELU=False, BLOCK=1024, WAIT=True,
+                                                                                    TRIGGER=True)
     for quant in (False, True):
         yield (f"decode attention{' + quantized output' if quant else ''}", fused_decode._decode_fused_kernel, 4,
                {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",

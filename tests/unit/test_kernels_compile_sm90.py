@@ -1,4 +1,4 @@
-"""The CUDA kernels compile for sm90 (Triton's compiler and the wheel's ptxas, no GPU needed):
+"""Every Triton kernel of the CUDA path compiles for sm90 (Triton's compiler and the wheel's ptxas, no GPU needed):
 ``tests/unit/sm90_compile.py`` in a process of its own (the interpreter, which the other kernel
 tests run, does not check what the compiler checks: return types, layouts, shapes)."""
 
@@ -24,4 +24,4 @@ def test_cuda_kernels_compile_for_sm90():
     r = subprocess.run([sys.executable, "-m", "tests.unit.sm90_compile"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert r.stdout.count("ok ") >= 20, r.stdout
+    assert r.stdout.count("ok ") >= 37 and "FAIL" not in r.stdout, r.stdout
