@@ -1,5 +1,5 @@
-"""Every Triton kernel of the CUDA path compiles for sm90 (Triton's compiler and the wheel's ptxas, no GPU needed):
-``tests/unit/sm90_compile.py`` in a process of its own (the interpreter, which the other kernel
+"""Every Triton kernel of the CUDA path compiles for sm90 (Triton's compiler and the wheel's
+ptxas, no GPU needed): ``tests/unit/sm90_compile.py`` in a process of its own (the interpreter, which the other kernel
 tests run, does not check what the compiler checks: return types, layouts, shapes)."""
 
 from __future__ import annotations

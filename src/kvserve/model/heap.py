@@ -55,8 +55,9 @@ def freeze() -> None:
     tokenizer, the weights' objects) lives as long as the server, but a full collection walked it
     all again each time the survivors of serving crossed the collector's threshold: 150-180 ms
     on a 2-core CPU, every thread waiting, falling on a burst's requests (docs/benchmarks.md,
-    the cached burst's serial Python). Full collections then walk only what serving made. Reference counting frees frozen objects as before; only cyclic
-    garbage among them waits for ``thaw`` (the sleeping engine thaws before dropping its engine).
+    the cached burst's serial Python). Full collections then walk only what serving made.
+    Reference counting frees frozen objects as before; only cyclic garbage among them waits for
+    ``thaw`` (the sleeping engine thaws before dropping its engine).
     """
     import gc
 
