@@ -49,7 +49,9 @@ def test_sleep_frees_the_model_and_a_request_reloads_it(smollm_path: str) -> Non
         before = _generate(eng, prompt)
         n_before = eng.metrics_snapshot()["tokens_predicted_total"]
         t0 = time.monotonic()
-        while not eng.is_sleeping:
+        # asleep and done: ``is_sleeping`` turns true as the engine starts stopping (so that a
+        # request arriving then waits for the reload); ``n_sleeps`` counts once it is released
+        while not (eng.is_sleeping and eng.n_sleeps == 1):
             assert time.monotonic() - t0 < 10
             time.sleep(0.02)
         gc.collect()

@@ -95,8 +95,8 @@ def test_sleeps_after_idle_seconds_and_frees_the_engine() -> None:
     eng.on_sleep.append(lambda: calls.append(eng._engine is not None))  # runs while the engine exists
     ref = weakref.ref(built[0])
     t0 = time.monotonic()
-    wait_until(lambda: eng.is_sleeping)
-    assert time.monotonic() - t0 >= 0.2
+    wait_until(lambda: eng.n_sleeps == 1)  # the engine stopped and released (is_sleeping turns true before)
+    assert time.monotonic() - t0 >= 0.2 and eng.is_sleeping
     assert calls == [True] and built[0].stopped
     del built[0]
     gc.collect()
