@@ -62,11 +62,11 @@ class Attention(nn.Module):
         """Buffers for the output projection's quantized input, where the step's attention can
         fill them (``AttentionStep.quantizes_output``) and the projection takes them (a CUDA
         quantized module on int8 activations); else None."""
-        make = getattr(self.o, "quant_input", None)
         cfg = self.cfg
-        if make is None or not step.quantizes_output(cfg.n_head, cfg.n_head_kv, cfg.head_dim):
+        if not step.quantizes_output(cfg.n_head, cfg.n_head_kv, cfg.head_dim):  # the step first: cheap
             return None
-        return make(qkv.shape[0], qkv.device)
+        make = getattr(self.o, "quant_input", None)
+        return None if make is None else make(qkv.shape[0], qkv.device)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: AttentionStep) -> torch.Tensor:
         cfg = self.cfg
