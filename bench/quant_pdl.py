@@ -17,7 +17,9 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
 - ``+serial``: ``KVSERVE_GEMV_STREAMS=0`` (a module's second segment, Q6_K V beside Q4_K Q/K,
   after the first on one stream);
 - ``+noqo``: ``KVSERVE_DECODE_QUANT_OUT=0`` (the output projection quantizes its input itself,
-  not the attention's merge).
+  not the attention's merge);
+- ``+noact``: ``KVSERVE_GEMV_ACT_EPILOGUE=0`` (act(gate)·up quantized for down by a kernel of its
+  own, not by the gate/up GEMV's programs).
 
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
 the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings.
@@ -54,6 +56,7 @@ def apply(setting: str) -> None:
     os.environ["KVSERVE_DECODE_PDL"] = "1" if "attn" in extra else "0"
     os.environ["KVSERVE_DECODE_QUANT_OUT"] = "0" if "noqo" in extra else "1"
     cuda_linear.PARALLEL_SEGMENTS = "serial" not in extra
+    cuda_linear.ACT_EPILOGUE = "noact" not in extra
     fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
     triton_q8_tile.ONE_ROW.clear()

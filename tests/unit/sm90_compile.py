@@ -51,9 +51,12 @@ def cases():
                       (Q.Q8_0, False)):
         m = layout(q, planes)
         name = q.name + (" planes" if planes else "")
-        yield (f"{name} tiled GEMV", triton_q8_tile._tile_kernel, 2, act,
-               dict(m, HAS_BIAS=False, BM=1, BN=64, G=8, SPLIT=True, STAGES=1, SB=16, PRE=True, GDC=True,
-                    TRIGGER=True))
+        tile = dict(m, HAS_BIAS=False, BM=1, BN=64, G=8, SPLIT=True, STAGES=1, SB=16, PRE=True, GDC=True,
+                    TRIGGER=True)
+        yield f"{name} tiled GEMV", triton_q8_tile._tile_kernel, 2, act, dict(tile, ACT=0)
+        if q == Q.Q4_K and not planes:  # gate/up: act(g) * u quantized for down by the last program of a pair
+            yield (f"{name} tiled GEMV + act(gate) * up + quantize", triton_q8_tile._tile_kernel, 2,
+                   dict(act, aq_ptr="*i8", ad_ptr="*fp32", as_ptr="*fp32"), dict(tile, ACT=1))
         if planes:
             continue
         base = dict(m, HAS_BIAS=True, BM=4, BN=128, SPLIT=True, STAGES=1, SB=16)

@@ -180,12 +180,15 @@ def test_quantizing_kernels_give_the_same_bits_under_pdl():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
 @pytest.mark.parametrize("level", [1, 2])
-def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch, level):
+@pytest.mark.parametrize("epilogue", [False, True], ids=["act-kernel", "act-epilogue"])
+def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch, level, epilogue):
     """Two layers' worth of norm + quantize → Q4_K/Q6_K GEMVs (two segments, the second on the
-    side stream) → act·mul + quantize → down GEMV, captured with ``KVSERVE_QUANT_GEMV_PDL`` at ``level``
+    side stream) → act·mul + quantize (its own kernel, or the gate/up GEMV's programs:
+    ``GatedMLP.forward_normed``) → down GEMV, captured with ``KVSERVE_QUANT_GEMV_PDL`` at ``level``
     (programmatic dependent launches where the device has them) and replayed: every replay
-    gives the bits of the same chain launched plainly, and the split GEMVs' counters are back at 0."""
-    from kvserve.model.layers import RMSNorm
+    gives the bits of the same chain launched plainly, and the split GEMVs' and the act pairs'
+    counters are back at 0."""
+    from kvserve.model.layers import GatedMLP, RMSNorm
     from kvserve.model.quant import pdl
 
     k, n_ff = 512, 1024
@@ -199,17 +202,30 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch,
     x = torch.randn(1, k, generator=gen).to(DEV)
     r = torch.randn(1, k, generator=gen).to(DEV)
 
+    mlp = GatedMLP(k, n_ff, "silu")
+    mlp.gate_up, mlp.down = gate_up, down
+
     def chain():
         h, s = x, r
         outs = []
         for _ in range(2):
             y, s = qkv.forward_normed(h, s, norm)
-            gu, s = gate_up.forward_normed(y, s, norm)
-            h = down.forward_act(gu, n_ff, "silu")
-            outs += [y, gu, h]
+            if epilogue:
+                h, s = mlp.forward_normed(norm, y, s)
+                outs += [y, h]
+            else:
+                gu, s = gate_up.forward_normed(y, s, norm)
+                h = down.forward_act(gu, n_ff, "silu")
+                outs += [y, gu, h]
         return torch.cat([o.float().flatten() for o in outs])
 
     monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "int8")
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.KERNEL", "tile")
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACT_EPILOGUE", epilogue)
+    calls = []
+    if epilogue:
+        real = Q8.act_quantize_x
+        monkeypatch.setattr(Q8, "act_quantize_x", lambda *a, **kw: calls.append(a) or real(*a, **kw))
     monkeypatch.setattr(pdl, "LEVEL", 0)
     base = chain()
     monkeypatch.setattr(pdl, "LEVEL", level)
@@ -227,3 +243,78 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch,
     for mod in (qkv, gate_up, down):
         for s in mod.segments:
             assert int(T._counters(s.packed(), 1).abs().sum()) == 0
+            assert int(T._counters(s.packed(), 1, "act").abs().sum()) == 0
+    assert calls == []  # no act·mul kernel of its own where the gate/up GEMV quantizes for down
+
+
+# (batch rows, config, output dtype): one program a column block and no K split; K slices (the
+# pair's count waits for every slice of both blocks); 3 rows in one batch block; 9 rows (a second
+# block, its last row alone); 64 and 128 columns a program (2 and 4 blocks of 32 a pair)
+ACT_RUNS = [(1, QT.TileConfig(32, 1, 0, 64), torch.float32), (1, QT.TileConfig(32, 1, 2, 16), torch.bfloat16),
+            (3, QT.TileConfig(64, 2, 1, 32), torch.bfloat16), (9, QT.TileConfig(32, 1, 2, 16), torch.float32),
+            (2, QT.TileConfig(128, 4, 0, 32), torch.bfloat16)]
+
+
+@pytest.mark.parametrize("qtype,act", [(Q.Q4_K, "silu"), (Q.Q6_K, "gelu_tanh"), (Q.Q8_0, "silu")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_gate_up_gemv_quantizes_act_times_up_as_its_own_kernel_does(qtype, act):
+    """``act_out``: the GEMV's output [g | u] is what it is without, and the codes, scales and sums
+    it writes for the down projection are those of ``act_quantize_x`` on that output, bit for bit;
+    the pair counts are back at 0 after each call (a second call gives the same bits)."""
+    n_ff, k = 128, 256
+    p = packed(qtype, 2 * n_ff, k, seed=21)
+    gen = torch.Generator().manual_seed(9)
+    for i, (m, cfg, dtype) in enumerate(ACT_RUNS):
+        assert QT.fuses_act(p, m, n_ff, cfg)
+        xq = Q8.quantize_x(torch.randn(m, k, generator=gen).to(DEV))
+        bias = torch.randn(2 * n_ff, generator=gen).to(DEV)
+        plain = QT.gemv(xq, p, torch.empty(m, 2 * n_ff, dtype=dtype, device=DEV), bias=bias, cfg=cfg)
+        expect = Q8.act_quantize_x(plain, n_ff, act)
+        for _ in range(2 if i == 0 else 1):
+            sink = Q8.QuantX(torch.full((m, n_ff // 4), -1, dtype=torch.int32, device=DEV),
+                             torch.full((m, n_ff // 32), float("nan"), device=DEV),
+                             torch.full((m, n_ff // 16), float("nan"), device=DEV))
+            y = QT.gemv(xq, p, torch.empty(m, 2 * n_ff, dtype=dtype, device=DEV), bias=bias, cfg=cfg,
+                        act_out=(sink, n_ff, act))
+            assert torch.equal(y, plain), (m, cfg)
+            for got, want in zip(sink, expect):
+                assert torch.equal(got, want), (m, cfg, dtype)
+            assert int(T._counters(p, 1, "act").abs().sum()) == 0
+            assert int(T._counters(p, 1).abs().sum()) == 0
+
+
+def test_act_epilogue_only_where_gate_and_up_blocks_pair_up():
+    p = packed(Q.Q4_K, 2 * 96, 256, seed=2)
+    assert QT.fuses_act(p, 1, 96, QT.TileConfig(32, 1, 0, 64))
+    assert not QT.fuses_act(p, 1, 96, QT.TileConfig(64, 2, 0, 64))  # gate's last block would hold up's columns
+    assert not QT.fuses_act(p, 1, 80, QT.TileConfig(32, 1, 0, 64))  # not [g | u] of 80 each
+    assert not QT.fuses_act(packed(Q.Q4_K, 2 * 64, 256, seed=2), 1, 64, QT.TileConfig(16, 1, 0, 64))
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_mlp_with_the_act_epilogue_equals_its_kernels_one_by_one(monkeypatch, rows):
+    """``GatedMLP.forward_normed`` on CUDA quantized modules (the gate/up GEMV quantizing the down
+    projection's input) gives the bits of the norm + quantize, GEMV, act·mul + quantize and GEMV
+    kernels launched one by one, and launches no act·mul kernel."""
+    from kvserve.model.layers import GatedMLP, RMSNorm
+    from kvserve.model.quant import cuda_linear
+
+    k, n_ff = 256, 256
+    gen = torch.Generator().manual_seed(5)
+    mlp = GatedMLP(k, n_ff, "silu")
+    mlp.gate_up = CudaQuantLinear([packed(Q.Q4_K, n_ff, k, seed=3), packed(Q.Q4_K, n_ff, k, seed=4)], None, DEV)
+    mlp.down = CudaQuantLinear([packed(Q.Q6_K, k, n_ff, seed=5)], None, DEV)
+    norm = RMSNorm(k, 1e-5).to(DEV)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(k, generator=gen) + 0.5)
+    x = torch.randn(rows, k, generator=gen).to(DEV, torch.bfloat16)
+    r = torch.randn(rows, k, generator=gen).to(DEV, torch.bfloat16)
+    monkeypatch.setattr(cuda_linear, "ACTIVATIONS", "int8")
+    monkeypatch.setattr(cuda_linear, "KERNEL", "tile")
+    monkeypatch.setattr(cuda_linear, "ACT_EPILOGUE", True)
+    gu, base_s = mlp.gate_up.forward_normed(x, r, norm)
+    base = mlp.down.forward_act(gu, n_ff, "silu")
+    calls = []
+    monkeypatch.setattr(Q8, "act_quantize_x", lambda *a, **kw: calls.append(a))
+    y, s = mlp.forward_normed(norm, x, r)
+    assert calls == [] and torch.equal(s, base_s) and torch.equal(y, base)

@@ -80,6 +80,21 @@ class GatedMLP(nn.Module):
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
         return self.down.forward(torch.mul(g, u))
 
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(x + residual)), x + residual) with gate and up fused: where the gate/up
+        module's GEMV can hand the down projection its quantized input (the CUDA quantized
+        modules at decode sizes) one kernel fewer, else ``norm_linear`` then ``from_gate_up``."""
+        fused = getattr(self.gate_up, "forward_normed_act", None)
+        into = getattr(self.down, "quant_input", None)
+        if fused is not None and into is not None:
+            got = fused(x, residual, norm, self.n_ff, self.act, into)
+            if got is not None:
+                xq, s = got
+                return self.down.forward_quantized(xq, x.dtype), s
+        gu, s = norm_linear(norm, self.gate_up, x, residual)
+        return self.from_gate_up(gu), s
+
     def from_gate_up(self, gu: torch.Tensor) -> torch.Tensor:
         """down(act(g) * u) of the fused projection's output gu = [g | u] (this call's own)."""
         if ops_cpu.enabled(gu):

@@ -104,8 +104,7 @@ class LlamaBlock(nn.Module):
             h, residual = self.attn_norm.forward(x, residual)
             a = attn.forward(h, step)
         if mlp.gate_up is not None:
-            gu, residual = norm_linear(self.ffn_norm, mlp.gate_up, a, residual)
-            return mlp.from_gate_up(gu), residual
+            return mlp.forward_normed(self.ffn_norm, a, residual)
         h, residual = self.ffn_norm.forward(a, residual)
         return mlp.forward(h), residual
 

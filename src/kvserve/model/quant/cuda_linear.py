@@ -14,7 +14,8 @@ in float32 (``triton_gemv``: the dequantized weights applied exactly). The int8 
 or one group a step (``triton_q8``). With int8 activations
 the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
-down), so that a decode layer launches no quantizer of its own for them. The tiled GEMVs and
+down), so that a decode layer launches no quantizer of its own for them; and the gate/up GEMV
+quantizes act(gate)·up for down in its own programs where it can (``forward_normed_act``). The tiled GEMVs and
 those quantizing kernels are programmatic dependent launches on sm90 (``pdl``,
 ``KVSERVE_QUANT_GEMV_PDL``): each GEMV's first weights load while the kernel before still runs.
 """
@@ -52,6 +53,9 @@ def q6_planes() -> bool:
     return Q6K_PLANES and ACTIVATIONS == "int8" and KERNEL == "tile"
 
 
+# ``KVSERVE_GEMV_ACT_EPILOGUE=0``: the down projection's input quantized by its own kernel (act·mul
+# + quantize) instead of by the gate/up GEMV's programs (``forward_normed_act``)
+ACT_EPILOGUE = os.environ.get("KVSERVE_GEMV_ACT_EPILOGUE", "1") != "0"
 # ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
 PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -152,6 +156,28 @@ class CudaQuantLinear(nn.Module):
             return self._q8(xq, x.dtype), s
         h, s = norm.forward(x, residual)
         return self.forward(h), s
+
+    def forward_normed_act(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, n_ff: int, act: str,
+                           quant_input) -> tuple[triton_q8.QuantX, torch.Tensor] | None:
+        """(``quantize_x(act(g) · u)`` for [g | u] = self(norm(x + residual)), x + residual) where
+        this gate/up module's GEMV quantizes the product itself into ``quant_input(rows,
+        device)`` (the down projection's buffers; ``triton_q8_tile.fuses_act``): no act·mul
+        kernel between the two GEMVs. None where it does not (the caller runs the kernels)."""
+        m = x.shape[0] if x.dim() == 2 else 0
+        if not (ACT_EPILOGUE and KERNEL == "tile" and len(self.segments) == 1 and self.perm is None
+                and self.out_features == 2 * n_ff and act in triton_q8_tile.ACTS and self._fusable(x)
+                and residual.is_contiguous() and residual.dtype == x.dtype and self.in_features % 32 == 0):
+            return None
+        seg = self.segments[0]
+        if not triton_q8_tile.fuses_act(seg.packed(), m, n_ff):
+            return None
+        sink = quant_input(m, x.device)
+        if sink is None:
+            return None
+        xq, s = triton_q8.norm_quantize_x(x, residual, norm.weight, norm.eps)
+        y = torch.empty((m, self.out_features), dtype=x.dtype, device=x.device)
+        triton_q8_tile.gemv(xq, seg.packed(), y, self.bias, act_out=(sink, n_ff, act))
+        return sink, s
 
     def forward_act(self, gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
         """self(act(gu[:, :n_ff]) · gu[:, n_ff:]): at decode sizes one kernel computes and quantizes

@@ -388,11 +388,13 @@ def split_of(p: Packed, cfg: Config, device: torch.device) -> tuple[int, int]:
 # one counter tensor that is never replaced (a replaced tensor would leave a graph captured
 # before pointing at freed memory).
 MIN_BN = 16
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_COUNTERS: dict[tuple[torch.device, int, str], torch.Tensor] = {}
 
 
-def _counters(p: Packed, n: int) -> torch.Tensor:
-    key = (p.q.device, p.q.data_ptr())
+def _counters(p: Packed, n: int, kind: str = "slices") -> torch.Tensor:
+    """The counters of ``p``'s GEMVs: ``kind`` "slices" (the K slices' completion count) or another
+    count of a kernel's own (its own tensor, never shared with the slices' count)."""
+    key = (p.q.device, p.q.data_ptr(), kind)
     c = _COUNTERS.get(key)
     if c is None or c.numel() < n:
         if c is not None and p.q.is_cuda and torch.cuda.is_current_stream_capturing():

@@ -99,23 +99,36 @@ def quantize_x(x: torch.Tensor, pdl_level: int | None = None) -> QuantX:
 
 
 @triton.jit
-def _store_quant(h, q_ptr, d_ptr, s_ptr, m, K, blk0, NB: tl.constexpr):
+def _store_quant(h, q_ptr, d_ptr, s_ptr, m, K, blk0, NB: tl.constexpr, live=True):
     """``_quant_x_kernel``'s arithmetic on h [NB·32] (float32 values of the activations' dtype),
-    blocks of 32 blk0 … of row m."""
+    blocks of 32 blk0 … of row m (nothing stored where ``live`` is false)."""
     x = tl.reshape(h, (NB, 32))
     blk = blk0 + tl.arange(0, NB)
     col = blk[:, None] * 32 + tl.arange(0, 32)[None, :]
-    ok = col < K
+    ok = (col < K) & live
     amax = tl.max(tl.abs(x), axis=1)
     inv = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)
     v = x * inv[:, None]
     q = tl.where(v >= 0, tl.floor(v + 0.5), -tl.floor(0.5 - v))
     tl.store(q_ptr + m * K + col, q.to(tl.int8), mask=ok)
     nb = K // 32
-    tl.store(d_ptr + m * nb + blk, amax / 127.0, mask=blk < nb)
+    tl.store(d_ptr + m * nb + blk, amax / 127.0, mask=(blk < nb) & live)
     sm = tl.sum(tl.reshape(x, (NB, 2, 16)), axis=2)
     half = blk[:, None] * 2 + tl.arange(0, 2)[None, :]
-    tl.store(s_ptr + m * (2 * nb) + half, sm, mask=half < 2 * nb)
+    tl.store(s_ptr + m * (2 * nb) + half, sm, mask=(half < 2 * nb) & live)
+
+
+@triton.jit
+def _act_mul(g, u, like_ptr, GELU: tl.constexpr):
+    """act(g) · u on float32 g, u (values of ``like_ptr``'s dtype), rounded as the act·mul kernel
+    rounds: act(g) to the dtype, then the product."""
+    ty = like_ptr.dtype.element_ty
+    if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
+        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        a = 0.5 * g * (2.0 * tl.sigmoid(2.0 * z))
+    else:
+        a = g * tl.sigmoid(g)
+    return (a.to(ty).to(tl.float32) * u).to(ty).to(tl.float32)
 
 
 @triton.jit
@@ -149,15 +162,9 @@ def _act_quant_kernel(gu_ptr, q_ptr, d_ptr, s_ptr, n_ff, stride_row, GELU: tl.co
     m = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < n_ff
-    ty = gu_ptr.dtype.element_ty
     g = tl.load(gu_ptr + m * stride_row + c, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + m * stride_row + n_ff + c, mask=ok, other=0.0).to(tl.float32)
-    if GELU:  # tanh approximation; tanh(z) = 2 sigmoid(2z) - 1
-        z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        a = 0.5 * g * (2.0 * tl.sigmoid(2.0 * z))
-    else:
-        a = g * tl.sigmoid(g)
-    h = (a.to(ty).to(tl.float32) * u).to(ty).to(tl.float32)
+    h = _act_mul(g, u, gu_ptr, GELU)
     _store_quant(h, q_ptr, d_ptr, s_ptr, m, n_ff, tl.program_id(1) * (BLOCK // 32), BLOCK // 32)
 
 

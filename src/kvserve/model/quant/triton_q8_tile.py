@@ -34,7 +34,7 @@ from .cuda_pack import SUPER, Packed
 from .triton_gemv import _INTERPRET, _counters, _finish, _meta, _scale_of, _sms, _sub_fields
 from . import pdl
 from .pdl import gdc_launch_dependents, gdc_wait
-from .triton_q8 import QuantX, _dot4
+from .triton_q8 import QuantX, _act_mul, _dot4, _store_quant
 
 _SUPER = tl.constexpr(SUPER)
 
@@ -147,12 +147,12 @@ def _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0
 
 @triton.jit
 def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
-               stride_qm, stride_dm, stride_sm, stride_ym, STEPS, S,
+               stride_qm, stride_dm, stride_sm, stride_ym, STEPS, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
                BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-               TRIGGER: tl.constexpr):
+               TRIGGER: tl.constexpr, ACT: tl.constexpr):
     """NG groups along K; K slice ``program_id(2)`` runs ``STEPS`` tiles of ``G`` groups.
 
     ``PRE``: the slice's first tile of weights is loaded before anything the kernels before
@@ -187,35 +187,63 @@ def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_pt
                                    SUB, BM, BN, G)
     _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
             HAS_BIAS, BM, BN, SPLIT, SB)
+    if ACT:
+        _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, ACT == 2, BM, BN)
+
+
+@triton.jit
+def _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, GELU: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr):
+    """y = [g | u], NFF columns each: the program of (batch block, column pair) that is the last
+    of the 2·S programs of gate block j and up block j (BN columns each) to get here, after both
+    blocks' y are written, quantizes act(g) · u of their columns into ``aq/ad/as`` as
+    ``triton_q8.act_quantize_x`` does (the same values read, the same arithmetic: the same bits).
+    The pair's count is reset by that program, as the K slices' counts are."""
+    tl.debug_barrier()  # this program's stores of y (if it wrote) before its count is published
+    half = tl.num_programs(1) // 2
+    pair = tl.program_id(1) % half
+    cnt = pc_ptr + tl.program_id(0) * half + pair
+    done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if done == 2 * S - 1:
+        c = pair * BN + tl.arange(0, BN)
+        for r in tl.static_range(BM):
+            m = m0 + r
+            live = m < M
+            row = y_ptr + m * stride_ym
+            g = tl.load(row + c, mask=live, other=0.0, cache_modifier=".cg").to(tl.float32)
+            u = tl.load(row + NFF + c, mask=live, other=0.0, cache_modifier=".cg").to(tl.float32)
+            h = _act_mul(g, u, y_ptr, GELU)
+            _store_quant(h, aq_ptr, ad_ptr, as_ptr, m, NFF, pair * (BN // 32), BN // 32, live)
+        tl.atomic_xchg(cnt, 0)
 
 
 # One body, two entry points (the interpreter takes loop bounds only as compile-time constants)
 @triton.jit
 def _tile_kernel(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
-                 stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
+                 stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
                  BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                  HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                  STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-                 TRIGGER: tl.constexpr):
+                 TRIGGER: tl.constexpr, ACT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
-               stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
+               stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
-               PRE, GDC, TRIGGER)
+               PRE, GDC, TRIGGER, ACT)
 
 
 @triton.jit
 def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                        stride_qm, stride_dm, stride_sm, stride_ym, steps: tl.constexpr, S: tl.constexpr,
-                       BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                       aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                        HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                        STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-                 TRIGGER: tl.constexpr):
+                 TRIGGER: tl.constexpr, ACT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
-               stride_qm, stride_dm, stride_sm, stride_ym, steps, S,
+               stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
-               PRE, GDC, TRIGGER)
+               PRE, GDC, TRIGGER, ACT)
 
 
 # The sweep of ``bench/quant_cuda.py --sweep`` at batch 1 on an H200 over the Llama-3-8B Q4_K_M
@@ -270,15 +298,30 @@ def groups_of(p: Packed, cfg: TileConfig, m: int) -> int:
     return max(1, cfg.words // wpg // bm)
 
 
+ACTS = {"silu": 1, "gelu_tanh": 2}
+
+
+def fuses_act(p: Packed, m: int, n_ff: int, cfg: TileConfig | None = None) -> bool:
+    """Whether ``gemv(..., act_out=(…, n_ff, act))`` can quantize act(g) · u of its output [g | u]
+    (n_ff columns each) itself: gate block j and up block j are two programs' columns."""
+    cfg = cfg or default_config(p, m)
+    return p.n == 2 * n_ff and cfg.bn % 32 == 0 and n_ff % cfg.bn == 0
+
+
 def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = None,
-         cfg: TileConfig | None = None, pdl_level: int | None = None) -> torch.Tensor:
+         cfg: TileConfig | None = None, pdl_level: int | None = None,
+         act_out: tuple[QuantX, int, str] | None = None) -> torch.Tensor:
     """out [M, n] (a view with unit column stride) = the GEMV of ``xq`` (``quantize_x``) by Wᵀ, + bias.
 
     ``pdl_level`` (default ``KVSERVE_QUANT_GEMV_PDL``, see ``pdl``): from 1 each K slice loads its first
     tile before it reads the activations, and where PDL is supported the launch is a programmatic
     dependent one that loads it before waiting for the kernel before; 2 also lets the kernel
     after launch early. Where PDL is not supported (the interpreter) the first tile is still
-    loaded first: the same arithmetic in the same order."""
+    loaded first: the same arithmetic in the same order.
+
+    ``act_out`` = (``sink``, n_ff, act) with ``fuses_act``: out = [g | u] and the kernel also fills
+    ``sink`` (``QuantX`` buffers [M, n_ff]) with ``triton_q8.act_quantize_x(out, n_ff, act)``, the
+    same bits, in the programs that finish each column pair (``_act_pair``): no launch of its own."""
     m = xq.q.shape[0]
     assert xq.q.shape[1] * 4 == p.k and out.shape == (m, p.n) and out.stride(1) == 1
     cfg = cfg or default_config(p, m)
@@ -301,13 +344,23 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
     else:
         part, cnt = out, p.gw  # not read
     # SB: the last slice sums 16 slices' partials a round (one compilation for any split)
+    if act_out is not None:
+        sink, n_ff, act = act_out
+        assert fuses_act(p, m, n_ff, cfg) and sink.q.shape == (m, n_ff // 4) and sink.q.is_contiguous()
+        aq, ad, asum = sink.q.view(torch.int8), sink.d, sink.s
+        pair_cnt = _counters(p, max(2, grid[0]) * (blocks // 2), "act")
+        act_args = (aq, ad, asum, pair_cnt, n_ff)
+        act_kind = ACTS[act]
+    else:
+        act_args, act_kind = (out, out, out, cnt, 0), 0  # not read
     kernel = _tile_kernel_const if _INTERPRET else _tile_kernel
     pre = (pdl.LEVEL if pdl_level is None else pdl_level) > 0
     lv = pdl.level(out.device, pdl_level)
     extra = {"launch_pdl": True} if lv else {}
     kernel[grid](xq.q, xq.d, xq.s, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, ng,
-                 xq.q.stride(0), xq.d.stride(0), xq.s.stride(0), out.stride(0), steps, splits,
+                 xq.q.stride(0), xq.d.stride(0), xq.s.stride(0), out.stride(0), steps, splits, *act_args,
                  HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, G=g, SPLIT=splits > 1, STAGES=cfg.stages,
-                 SB=16, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1, num_warps=cfg.warps, **_meta(p), **extra)
+                 SB=16, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1, ACT=act_kind, num_warps=cfg.warps, **_meta(p),
+                 **extra)
     return out
 
