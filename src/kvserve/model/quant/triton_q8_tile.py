@@ -235,11 +235,12 @@ def _tile_kernel(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_
 @triton.jit
 def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                        stride_qm, stride_dm, stride_sm, stride_ym, steps: tl.constexpr, S: tl.constexpr,
-                       aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+                       aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+                       BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                        HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                        STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-                 TRIGGER: tl.constexpr, ACT: tl.constexpr):
+                       TRIGGER: tl.constexpr, ACT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
