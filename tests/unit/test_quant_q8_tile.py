@@ -260,11 +260,13 @@ ACT_RUNS = [(1, QT.TileConfig(32, 1, 0, 64), torch.float32), (1, QT.TileConfig(3
 def test_gate_up_gemv_quantizes_act_times_up_as_its_own_kernel_does(qtype, act):
     """``act_out``: the GEMV's output [g | u] is what it is without, and the codes, scales and sums
     it writes for the down projection are those of ``act_quantize_x`` on that output, bit for bit;
-    the pair counts are back at 0 after each call (a second call gives the same bits)."""
+    the pair counts are back at 0 after each call (a second call gives the same bits). Under the
+    interpreter the other formats than Q4_K take the K-split and the 3-row runs only (time)."""
     n_ff, k = 128, 256
     p = packed(qtype, 2 * n_ff, k, seed=21)
     gen = torch.Generator().manual_seed(9)
-    for i, (m, cfg, dtype) in enumerate(ACT_RUNS):
+    runs = ACT_RUNS if qtype == Q.Q4_K or DEV.type == "cuda" else ACT_RUNS[1:3]
+    for i, (m, cfg, dtype) in enumerate(runs):
         assert QT.fuses_act(p, m, n_ff, cfg)
         xq = Q8.quantize_x(torch.randn(m, k, generator=gen).to(DEV))
         bias = torch.randn(2 * n_ff, generator=gen).to(DEV)
