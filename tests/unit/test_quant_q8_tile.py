@@ -288,7 +288,8 @@ def test_gate_up_gemv_quantizes_act_times_up_as_its_own_kernel_does(qtype, act):
 def test_act_epilogue_only_where_gate_and_up_blocks_pair_up():
     p = packed(Q.Q4_K, 2 * 96, 256, seed=2)
     assert QT.fuses_act(p, 1, 96, QT.TileConfig(32, 1, 0, 64))
-    assert not QT.fuses_act(p, 1, 96, QT.TileConfig(64, 2, 0, 64))  # gate's last block would hold up's columns
+    # gate's last block would hold up's columns
+    assert not QT.fuses_act(p, 1, 96, QT.TileConfig(64, 2, 0, 64))
     assert not QT.fuses_act(p, 1, 80, QT.TileConfig(32, 1, 0, 64))  # not [g | u] of 80 each
     assert not QT.fuses_act(packed(Q.Q4_K, 2 * 64, 256, seed=2), 1, 64, QT.TileConfig(16, 1, 0, 64))
 
@@ -304,7 +305,8 @@ def test_mlp_with_the_act_epilogue_equals_its_kernels_one_by_one(monkeypatch, ro
     k, n_ff = 256, 256
     gen = torch.Generator().manual_seed(5)
     mlp = GatedMLP(k, n_ff, "silu")
-    mlp.gate_up = CudaQuantLinear([packed(Q.Q4_K, n_ff, k, seed=3), packed(Q.Q4_K, n_ff, k, seed=4)], None, DEV)
+    mlp.gate_up = CudaQuantLinear([packed(Q.Q4_K, n_ff, k, seed=3), packed(Q.Q4_K, n_ff, k, seed=4)], None,
+                                  DEV)
     mlp.down = CudaQuantLinear([packed(Q.Q6_K, k, n_ff, seed=5)], None, DEV)
     norm = RMSNorm(k, 1e-5).to(DEV)
     with torch.no_grad():

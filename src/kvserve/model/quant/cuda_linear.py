@@ -15,8 +15,8 @@ or one group a step (``triton_q8``). With int8 activations
 the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
 down), so that a decode layer launches no quantizer of its own for them; and the gate/up GEMV
-quantizes act(gate)·up for down in its own programs where it can (``forward_normed_act``). The tiled GEMVs and
-those quantizing kernels are programmatic dependent launches on sm90 (``pdl``,
+quantizes act(gate)·up for down in its own programs where it can (``forward_normed_act``). The
+tiled GEMVs and those quantizing kernels are programmatic dependent launches on sm90 (``pdl``,
 ``KVSERVE_QUANT_GEMV_PDL``): each GEMV's first weights load while the kernel before still runs.
 """
 
@@ -157,8 +157,8 @@ class CudaQuantLinear(nn.Module):
         h, s = norm.forward(x, residual)
         return self.forward(h), s
 
-    def forward_normed_act(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, n_ff: int, act: str,
-                           quant_input) -> tuple[triton_q8.QuantX, torch.Tensor] | None:
+    def forward_normed_act(self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, n_ff: int,
+                           act: str, quant_input) -> tuple[triton_q8.QuantX, torch.Tensor] | None:
         """(``quantize_x(act(g) · u)`` for [g | u] = self(norm(x + residual)), x + residual) where
         this gate/up module's GEMV quantizes the product itself into ``quant_input(rows,
         device)`` (the down projection's buffers; ``triton_q8_tile.fuses_act``): no act·mul
