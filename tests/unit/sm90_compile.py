@@ -17,7 +17,7 @@ from triton.compiler import ASTSource
 
 from kvserve.model import _gemv_triton, _norm_triton
 from kvserve.model.backends.triton_kernels import cascade, decode, extend, fused_decode, rope
-from kvserve.model.quant import triton_gemv, triton_q8, triton_q8_tile
+from kvserve.model.quant import triton_gemv, triton_q8, triton_q8_pair, triton_q8_tile
 from kvserve.model.quant.cuda_pack import FORMATS, SUB
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -57,6 +57,13 @@ def cases():
         if q == Q.Q4_K and not planes:  # gate/up: act(g) * u quantized for down by the last program of a pair
             yield (f"{name} tiled GEMV + act(gate) * up + quantize", triton_q8_tile._tile_kernel, 2,
                    dict(act, aq_ptr="*i8", ad_ptr="*fp32", as_ptr="*fp32"), dict(tile, ACT=1))
+        if q == Q.Q6_K and not planes:  # Q4_K Q/K and Q6_K V in one launch
+            k4 = {f"{k}_a": v for k, v in dict(layout(Q.Q4_K), HAS_BIAS=True, BN=64, G=8, SPLIT=True, STAGES=1).items()}
+            k6 = {f"{k}_b": v for k, v in dict(m, HAS_BIAS=True, BN=32, G=16, SPLIT=True, STAGES=1).items()}
+            yield ("Q4_K + Q6_K tiled GEMVs in one launch", triton_q8_pair._pair_kernel, 2,
+                   dict(act, **{f"{n}{s}_ptr": t for s in "ab" for n, t in (("y", "*bf16"), ("b", "*fp32"),
+                                                                            ("p", "*fp32"))}),
+                   dict(k4, **k6, BM=1, SB=16, PRE=True, GDC=True, TRIGGER=True))
         if planes:
             continue
         base = dict(m, HAS_BIAS=True, BM=4, BN=128, SPLIT=True, STAGES=1, SB=16)

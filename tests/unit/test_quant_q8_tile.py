@@ -83,6 +83,7 @@ def test_module_runs_the_kernel_asked_for(monkeypatch, kernel):
     mod = CudaQuantLinear(packs, None, DEV)
     monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "int8")
     monkeypatch.setattr("kvserve.model.quant.cuda_linear.KERNEL", kernel)
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.PAIR_SEGMENTS", False)  # not one launch of both
     calls = []
     target = QT if kernel == "tile" else Q8
     real = target.gemv
@@ -181,9 +182,10 @@ def test_quantizing_kernels_give_the_same_bits_under_pdl():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
 @pytest.mark.parametrize("level", [1, 2])
 @pytest.mark.parametrize("epilogue", [False, True], ids=["act-kernel", "act-epilogue"])
-def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch, level, epilogue):
-    """Two layers' worth of norm + quantize → Q4_K/Q6_K GEMVs (two segments, the second on the
-    side stream) → act·mul + quantize (its own kernel, or the gate/up GEMV's programs:
+@pytest.mark.parametrize("pair", [True, False], ids=["pair", "two-streams"])
+def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch, level, epilogue, pair):
+    """Two layers' worth of norm + quantize → Q4_K/Q6_K GEMVs (two segments: one launch, or the
+    second on the side stream) → act·mul + quantize (its own kernel, or the gate/up GEMV's programs:
     ``GatedMLP.forward_normed``) → down GEMV, captured with ``KVSERVE_QUANT_GEMV_PDL`` at ``level``
     (programmatic dependent launches where the device has them) and replayed: every replay
     gives the bits of the same chain launched plainly, and the split GEMVs' and the act pairs'
@@ -222,6 +224,7 @@ def test_pdl_chain_in_a_cuda_graph_gives_the_bits_of_plain_launches(monkeypatch,
     monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACTIVATIONS", "int8")
     monkeypatch.setattr("kvserve.model.quant.cuda_linear.KERNEL", "tile")
     monkeypatch.setattr("kvserve.model.quant.cuda_linear.ACT_EPILOGUE", epilogue)
+    monkeypatch.setattr("kvserve.model.quant.cuda_linear.PAIR_SEGMENTS", pair)
     calls = []
     if epilogue:
         real = Q8.act_quantize_x

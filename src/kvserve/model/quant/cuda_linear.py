@@ -11,7 +11,8 @@ per module to int8 blocks of 32 as llama.cpp's CUDA backend does (``triton_q8``:
 products, about a quarter of the float32 kernel's instructions per weight); ``float`` keeps x
 in float32 (``triton_gemv``: the dequantized weights applied exactly). The int8 GEMV
 (``KVSERVE_GEMV_KERNEL``) loads a tile of groups a loop step (``triton_q8_tile``, the default)
-or one group a step (``triton_q8``). With int8 activations
+or one group a step (``triton_q8``); the tiled GEMVs of a module's two segments are one launch
+(``triton_q8_pair``, ``KVSERVE_GEMV_PAIR``). With int8 activations
 the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
 down), so that a decode layer launches no quantizer of its own for them; and the gate/up GEMV
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from .. import norm_kernel
-from . import triton_gemv, triton_q8, triton_q8_tile
+from . import triton_gemv, triton_q8, triton_q8_pair, triton_q8_tile
 from .cuda_pack import Packed, cat
 
 GEMV_MAX_ROWS = 8
@@ -56,6 +57,9 @@ def q6_planes() -> bool:
 # ``KVSERVE_GEMV_ACT_EPILOGUE=0``: the down projection's input quantized by its own kernel (act·mul
 # + quantize) instead of by the gate/up GEMV's programs (``forward_normed_act``)
 ACT_EPILOGUE = os.environ.get("KVSERVE_GEMV_ACT_EPILOGUE", "1") != "0"
+# ``KVSERVE_GEMV_PAIR=0``: a module's two segments as two tiled GEMVs (on two streams unless
+# ``KVSERVE_GEMV_STREAMS=0``) instead of one launch of both (``triton_q8_pair``)
+PAIR_SEGMENTS = os.environ.get("KVSERVE_GEMV_PAIR", "1") != "0"
 # ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
 PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -116,14 +120,17 @@ class CudaQuantLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def _q8(self, xq: triton_q8.QuantX, dtype: torch.dtype) -> torch.Tensor:
-        """The GEMVs of every segment on int8 activations, in the members' column order. On CUDA
-        the segments after the first run on a second stream, beside the first (in a captured
-        graph: parallel branches): a small projection's GEMV is mostly latency, so Q4_K Q/K and
-        Q6_K V together take about as long as the longer of the two."""
+        """The GEMVs of every segment on int8 activations, in the members' column order. Two
+        segments (Q4_K Q/K and Q6_K V) are one launch of the tiled kernel (``triton_q8_pair``);
+        otherwise, on CUDA, the segments after the first run on a second stream, beside the first
+        (in a captured graph: parallel branches): a small projection's GEMV is mostly latency, so
+        the two take about as long as the longer of them."""
         m = xq.q.shape[0]
         y = torch.empty((m, self.out_features), dtype=dtype, device=xq.q.device)
         segs = list(self.segments)
-        if len(segs) > 1 and y.is_cuda and PARALLEL_SEGMENTS:
+        if len(segs) == 2 and PAIR_SEGMENTS and KERNEL == "tile":  # one launch of both
+            triton_q8_pair.gemv_pair(xq, *(self._operands(s, y) for s in segs))
+        elif len(segs) > 1 and y.is_cuda and PARALLEL_SEGMENTS:
             main = torch.cuda.current_stream(y.device)
             side = _side_stream(y.device)
             side.wait_stream(main)
@@ -137,10 +144,13 @@ class CudaQuantLinear(nn.Module):
                 self._segment_q8(xq, s, y)
         return y if self.perm is None else y[:, self.perm]
 
+    def _operands(self, s: _Segment, y: torch.Tensor) -> tuple:
+        """(weights, its columns of ``y``, its bias) of segment ``s``."""
+        return s.packed(), y[:, s.col : s.col + s.n], None if self.bias is None else self.bias[s.col : s.col + s.n]
+
     def _segment_q8(self, xq: triton_q8.QuantX, s: _Segment, y: torch.Tensor) -> None:
-        b = None if self.bias is None else self.bias[s.col : s.col + s.n]
         gemv = triton_q8_tile.gemv if KERNEL == "tile" or s.bits == 6 else triton_q8.gemv
-        gemv(xq, s.packed(), y[:, s.col : s.col + s.n], b)
+        gemv(xq, *self._operands(s, y))
 
     def _fusable(self, x: torch.Tensor) -> bool:
         return (ACTIVATIONS == "int8" and x.dim() == 2 and (x.is_cuda or triton_gemv._INTERPRET)

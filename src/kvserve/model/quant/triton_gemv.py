@@ -195,8 +195,18 @@ def _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, str
             HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr):
     """Write this program's sums a0…a3 (rows m0…, columns rn): directly, or with ``SPLIT`` as
     the partials of K slice ``program_id(2)``, the slice completing the count writing y."""
+    _finish_at(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
+               tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
+               HAS_BIAS, BM, BN, SPLIT, SB)
+
+
+@triton.jit
+def _finish_at(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S, pm, pn, pk, NB,
+               HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, SB: tl.constexpr):
+    """``_finish`` of the program at batch block ``pm``, column block ``pn`` (of ``NB``) and K slice
+    ``pk`` (a kernel whose grid holds more than one GEMV names its programs' places itself)."""
     if SPLIT:
-        part = p_ptr + tl.program_id(2) * M * N + rn
+        part = p_ptr + pk * M * N + rn
         tl.store(part + m0 * N, a0, mask=nmask & (m0 < M))
         if BM > 1:
             tl.store(part + (m0 + 1) * N, a1, mask=nmask & (m0 + 1 < M))
@@ -204,7 +214,7 @@ def _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, str
             tl.store(part + (m0 + 2) * N, a2, mask=nmask & (m0 + 2 < M))
             tl.store(part + (m0 + 3) * N, a3, mask=nmask & (m0 + 3 < M))
         tl.debug_barrier()  # every thread's partials are stored before the count is published
-        cnt = c_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+        cnt = c_ptr + pm * NB + pn
         done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
         if done == S - 1:
             a0, a1, a2, a3 = _sum_slices(p_ptr, rn, nmask, M, N, m0, S, BM, BN, SB)

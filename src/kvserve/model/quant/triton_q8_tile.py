@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .cuda_pack import SUPER, Packed
-from .triton_gemv import _INTERPRET, _counters, _finish, _meta, _scale_of, _sms, _sub_fields
+from .triton_gemv import _INTERPRET, _counters, _finish_at, _meta, _scale_of, _sms, _sub_fields
 from . import pdl
 from .pdl import gdc_launch_dependents, gdc_wait
 from .triton_q8 import QuantX, _act_mul, _dot4, _store_quant
@@ -148,21 +148,22 @@ def _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0
 @triton.jit
 def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, STEPS, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
-               BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
+               pm, pn, pk, NB, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
                TRIGGER: tl.constexpr, ACT: tl.constexpr):
-    """NG groups along K; K slice ``program_id(2)`` runs ``STEPS`` tiles of ``G`` groups.
+    """NG groups along K; K slice ``pk`` runs ``STEPS`` tiles of ``G`` groups (the program of batch
+    block ``pm``, column block ``pn`` of ``NB``: its place in the grid, which the kernel names).
 
     ``PRE``: the slice's first tile of weights is loaded before anything the kernels before
     write (activations, partials, counters) is read, and with ``GDC`` (a programmatic dependent
     launch, compiled kernels only) before ``gdc_wait``: its loads are in flight while the kernel
     before finishes. The same terms in the same order as without (the same bits). ``TRIGGER``
     (with ``GDC``): the next kernel may launch once every program has passed its wait."""
-    s0 = tl.program_id(2) * STEPS
-    m0 = tl.program_id(0) * BM
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    s0 = pk * STEPS
+    m0 = pm * BM
+    rn = pn * BN + tl.arange(0, BN)
     nmask = rn < N
     a0 = tl.zeros((BN,), dtype=tl.float32)
     a1 = tl.zeros((BN,), dtype=tl.float32)
@@ -185,14 +186,14 @@ def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_pt
         a0, a1, a2, a3 = _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0, M, NG,
                                    stride_qm, stride_dm, stride_sm, BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED,
                                    SUB, BM, BN, G)
-    _finish(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S,
-            HAS_BIAS, BM, BN, SPLIT, SB)
+    _finish_at(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S, pm, pn, pk, NB,
+               HAS_BIAS, BM, BN, SPLIT, SB)
     if ACT:
-        _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, ACT == 2, BM, BN)
+        _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, pm, pn, NB, ACT == 2, BM, BN)
 
 
 @triton.jit
-def _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, GELU: tl.constexpr,
+def _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, pm, pn, NB, GELU: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr):
     """y = [g | u], NFF columns each: the program of (batch block, column pair) that is the last
     of the 2·S programs of gate block j and up block j (BN columns each) to get here, after both
@@ -200,9 +201,9 @@ def _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, G
     ``triton_q8.act_quantize_x`` does (the same values read, the same arithmetic: the same bits).
     The pair's count is reset by that program, as the K slices' counts are."""
     tl.debug_barrier()  # this program's stores of y (if it wrote) before its count is published
-    half = tl.num_programs(1) // 2
-    pair = tl.program_id(1) % half
-    cnt = pc_ptr + tl.program_id(0) * half + pair
+    half = NB // 2
+    pair = pn % half
+    cnt = pc_ptr + pm * half + pair
     done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
     if done == 2 * S - 1:
         c = pair * BN + tl.arange(0, BN)
@@ -228,6 +229,7 @@ def _tile_kernel(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_
                  TRIGGER: tl.constexpr, ACT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+               tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
                PRE, GDC, TRIGGER, ACT)
 
@@ -243,6 +245,7 @@ def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_p
                        TRIGGER: tl.constexpr, ACT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+               tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
                PRE, GDC, TRIGGER, ACT)
 
@@ -323,6 +326,42 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
     ``act_out`` = (``sink``, n_ff, act) with ``fuses_act``: out = [g | u] and the kernel also fills
     ``sink`` (``QuantX`` buffers [M, n_ff]) with ``triton_q8.act_quantize_x(out, n_ff, act)``, the
     same bits, in the programs that finish each column pair (``_act_pair``): no launch of its own."""
+    L = launch_of(xq, p, out, bias, cfg)
+    m = xq.q.shape[0]
+    if act_out is not None:
+        sink, n_ff, act = act_out
+        assert fuses_act(p, m, n_ff, L.cfg) and sink.q.shape == (m, n_ff // 4) and sink.q.is_contiguous()
+        aq, ad, asum = sink.q.view(torch.int8), sink.d, sink.s
+        pair_cnt = _counters(p, max(2, L.grid[0]) * (L.grid[1] // 2), "act")
+        act_args = (aq, ad, asum, pair_cnt, n_ff)
+        act_kind = ACTS[act]
+    else:
+        act_args, act_kind = (out, out, out, L.tensors[-1], 0), 0  # not read
+    kernel = _tile_kernel_const if _INTERPRET else _tile_kernel
+    pre = (pdl.LEVEL if pdl_level is None else pdl_level) > 0
+    lv = pdl.level(out.device, pdl_level)
+    extra = {"launch_pdl": True} if lv else {}
+    kernel[L.grid](xq.q, xq.d, xq.s, *L.tensors, m, p.n, L.ng, xq.q.stride(0), xq.d.stride(0), xq.s.stride(0),
+                   out.stride(0), L.steps, L.splits, *act_args, **L.consts, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1,
+                   ACT=act_kind, num_warps=L.cfg.warps, **extra)
+    return out
+
+
+class Launch(NamedTuple):
+    """What a launch of the tiled GEMV over one weight tensor takes (``launch_of``)."""
+
+    cfg: TileConfig
+    grid: tuple[int, int, int]  # (batch blocks, column blocks, K slices)
+    ng: int  # groups along K
+    steps: int  # tiles a K slice
+    splits: int
+    tensors: tuple  # q, gw, sw, bias, out, partials, counters: the kernel's pointer arguments in order
+    consts: dict  # the layout's and the tiling's compile-time constants (``_tile_body``'s)
+
+
+def launch_of(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = None,
+              cfg: TileConfig | None = None) -> Launch:
+    """The grid, the K split, the buffers and the constants of ``gemv(xq, p, out, bias, cfg)``."""
     m = xq.q.shape[0]
     assert xq.q.shape[1] * 4 == p.k and out.shape == (m, p.n) and out.stride(1) == 1
     cfg = cfg or default_config(p, m)
@@ -345,23 +384,6 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
     else:
         part, cnt = out, p.gw  # not read
     # SB: the last slice sums 16 slices' partials a round (one compilation for any split)
-    if act_out is not None:
-        sink, n_ff, act = act_out
-        assert fuses_act(p, m, n_ff, cfg) and sink.q.shape == (m, n_ff // 4) and sink.q.is_contiguous()
-        aq, ad, asum = sink.q.view(torch.int8), sink.d, sink.s
-        pair_cnt = _counters(p, max(2, grid[0]) * (blocks // 2), "act")
-        act_args = (aq, ad, asum, pair_cnt, n_ff)
-        act_kind = ACTS[act]
-    else:
-        act_args, act_kind = (out, out, out, cnt, 0), 0  # not read
-    kernel = _tile_kernel_const if _INTERPRET else _tile_kernel
-    pre = (pdl.LEVEL if pdl_level is None else pdl_level) > 0
-    lv = pdl.level(out.device, pdl_level)
-    extra = {"launch_pdl": True} if lv else {}
-    kernel[grid](xq.q, xq.d, xq.s, p.q, p.gw, sw, bias_t, out, part, cnt, m, p.n, ng,
-                 xq.q.stride(0), xq.d.stride(0), xq.s.stride(0), out.stride(0), steps, splits, *act_args,
-                 HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, G=g, SPLIT=splits > 1, STAGES=cfg.stages,
-                 SB=16, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1, ACT=act_kind, num_warps=cfg.warps, **_meta(p),
-                 **extra)
-    return out
-
+    consts = dict(**_meta(p), HAS_BIAS=bias is not None, BM=bm, BN=cfg.bn, G=g, SPLIT=splits > 1,
+                  STAGES=cfg.stages, SB=16)
+    return Launch(cfg, grid, ng, steps, splits, (p.q, p.gw, sw, bias_t, out, part, cnt), consts)
