@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from . import ttft_trace
+
 
 def timings(n_prompt: int, n_cached: int, n_decoded: int, prompt_ms: float, predicted_ms: float) -> dict[str, float]:
     """llama-server's ``timings``: ``cache_n`` reused, ``prompt_n`` evaluated, rates over
@@ -79,6 +81,7 @@ class EngineStats:
         """A request's first token: its stages (a time of 0 is unknown: that stage counts 0)."""
         t_submitted = t_submitted or t_admitted
         t_received = t_received or t_submitted
+        ttft_trace.record(t_received, t_submitted, t_admitted, now)
         st = self.stage_s
         st["intake"] += max(0.0, t_submitted - t_received)
         st["queue"] += max(0.0, t_admitted - t_submitted)
