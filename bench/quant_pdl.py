@@ -11,6 +11,8 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
 - ``+notrig``: ``KVSERVE_DECODE_TRIGGER=0`` (that attention does not let the kernel after it start early);
 - ``+pN``: every tiled GEMV at the 2+-row configuration with its K split set for N programs a
   multiprocessor (``TileConfig.programs``; the table's 8 otherwise);
+- ``+v64``: batch 1 of an 8-bit tensor under 8 MiB (Q6_K V) at 64 columns and 2 warps a program,
+  Q4_K Q/K's configuration (the pair's launch runs at the larger warps of its two anyway);
 - ``+wide``: batch 1 at the 2+-row table (``triton_q8_tile.CONFIGS``) instead of ``ONE_ROW``;
 - ``+tune``: each tensor at the configuration of ``--tuning FILE`` (as ``bench/quant_cuda.py
   --sweep --best FILE`` writes it; ``KVSERVE_GEMV_TILE_TUNING``'s format);
@@ -73,6 +75,8 @@ def apply(setting: str) -> None:
             triton_q8_tile.ONE_ROW.clear()
         if e == "wide":  # one batch row at the multi-row table (one warp of 128 columns)
             triton_q8_tile.ONE_ROW.clear()
+        if e == "v64":  # one batch row of an 8-bit tensor under 8 MiB (Q6_K V) at Q/K's configuration
+            triton_q8_tile.ONE_ROW[8] = [(8 << 20, triton_q8_tile.TileConfig(64, 2, 8, 128))] + DEFAULT_ONE_ROW[8]
 
 
 def main() -> int:
