@@ -80,3 +80,20 @@ def test_requests_carry_the_prompt_bytes_made_at_validation() -> None:
     assert reqs[0].prompt_key is None
     reqs = completions.build_requests(e, prompts, params, completions.CacheIdentity())
     assert reqs[0].prompt_key == token_bytes(prompts[0])
+
+
+def test_prepare_threads_are_a_pool_of_their_own_when_asked_for(monkeypatch) -> None:
+    from kvserve.server import completions
+
+    monkeypatch.setattr(completions, "_PREPARE_THREADS", 2)
+    monkeypatch.setattr(completions, "_prepare_pool", None)
+    eng, where = recording_engine()
+    c, _ = client(eng)
+    long_prompt = "word " * (PREPARE_IN_THREAD_BYTES // 4)
+    for _ in range(3):
+        r = c.post("/completion", json={"prompt": long_prompt, "n_predict": 1})
+        assert r.status_code == 200, r.text
+    assert len(where) == 3 and all(name.startswith("kvserve-prepare") for name in where)
+    pool = completions._prepare_pool
+    assert pool is not None and pool._max_workers == 2
+    pool.shutdown()

@@ -11,7 +11,11 @@ Stream: the first event decides the status (an error is a plain JSON error), the
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import enum
+import functools
+import os
 import time
 from collections.abc import Sequence as SequenceABC
 from typing import Any
@@ -46,6 +50,20 @@ from kvserve.server.settings import ServerSettings
 
 # Request bodies at least this large are validated and tokenized in a worker thread.
 PREPARE_IN_THREAD_BYTES = 2048
+# KVSERVE_PREPARE_THREADS=N: long bodies are prepared by a pool of N threads of their own (0: the
+# event loop's default executor)
+_PREPARE_THREADS = int(os.environ.get("KVSERVE_PREPARE_THREADS", "0") or 0)
+_prepare_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+async def _in_thread(fn: Any, *args: Any) -> Any:
+    global _prepare_pool
+    if _PREPARE_THREADS <= 0:
+        return await asyncio.to_thread(fn, *args)
+    if _prepare_pool is None:
+        _prepare_pool = concurrent.futures.ThreadPoolExecutor(_PREPARE_THREADS, thread_name_prefix="kvserve-prepare")
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(_prepare_pool, functools.partial(ctx.run, fn, *args))
 
 
 class Kind(enum.Enum):
@@ -194,7 +212,7 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
         # a long prompt: tokenized in a worker thread (the tokenizer releases the interpreter
         # lock for long texts), so the requests of a burst are tokenized in parallel while the
         # event loop goes on streaming
-        prompts, params = await asyncio.to_thread(prepare, kind, body, engine, s)
+        prompts, params = await _in_thread(prepare, kind, body, engine, s)
     else:
         prompts, params = prepare(kind, body, engine, s)
     params.req.grammar = await compile_grammar(engine, params.grammar)
