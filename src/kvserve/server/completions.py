@@ -50,9 +50,13 @@ from kvserve.server.settings import ServerSettings
 
 # Request bodies at least this large are validated and tokenized in a worker thread.
 PREPARE_IN_THREAD_BYTES = 2048
-# KVSERVE_PREPARE_THREADS=N: long bodies are prepared by a pool of N threads of their own (0: the
-# event loop's default executor)
-_PREPARE_THREADS = int(os.environ.get("KVSERVE_PREPARE_THREADS", "0") or 0)
+# Long bodies are prepared by a pool of threads of their own, min(8, cores) by default
+# (KVSERVE_PREPARE_THREADS=N; 0: the event loop's default executor, min(32, cores + 4) threads).
+# Each one holds the interpreter only around its tokenizer call, but every thread waiting for the
+# interpreter competes with the engine thread and the event loop for it: on an H200 host (16 cores)
+# a 64-request burst's cached round took 88-98 ms to a first token with 8, 99-108 with the
+# default executor's 20 (docs/benchmarks.md)
+_PREPARE_THREADS = int(os.environ.get("KVSERVE_PREPARE_THREADS", "") or min(8, os.cpu_count() or 1))
 _prepare_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
