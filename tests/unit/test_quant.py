@@ -81,6 +81,7 @@ def test_packed_layout_round_trips(monkeypatch):
     packed, sz, rows = int4.pack([int4.Plane(codes, zeros, zeros)], 200)
     assert rows == 200 and sz.shape == (3, 256, 2)
     assert torch.equal(int4.unpack_codes(packed, 96)[:200], torch.from_numpy(codes))
+    assert int4.HALF in (32, 16)  # torch's layout on this CPU (AVX-512 or AVX2) is one pack() writes
     padded = np.concatenate([codes, np.full((56, 96), 8, np.uint8)])
     torch_packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(padded).to(torch.int32), 1)
     assert torch.equal(packed, torch_packed)  # the bytes of torch's own packer, which its kernel reads

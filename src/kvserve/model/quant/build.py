@@ -26,7 +26,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from torch import nn
 
-from . import native
+from . import int4, native
 from .dequant import dequantize
 from .groups import GROUP, GROUPED, GGUFGroups
 from .linear import DenseLinear, QuantLinear
@@ -60,7 +60,7 @@ def path_of(t: RawTensor, device: torch.device | None = None) -> str:
         return "native"
     if t.shape[1] % GROUP:
         return "dense"
-    return "int4" if t.qtype in GROUPED else "dense"
+    return "int4" if t.qtype in GROUPED and int4.supported() else "dense"
 
 
 def linear(

@@ -17,8 +17,9 @@ The codes are exact; ``s`` and ``z`` are rounded once to bf16 (relative error �
 precision of a bf16 weight), which is the one approximation of this path.
 
 Packed layout (torch ≥ 2.6, checked by tests): rows padded to a multiple of 64; bytes
-``[R/64, K, 32]`` where byte ``[b, k, j]`` holds row ``64b + j`` in its low nibble and row
-``64b + 32 + j`` in its high nibble.
+``[R/2H, K, H]`` where byte ``[b, k, j]`` holds row ``2Hb + j`` in its low nibble and row
+``2Hb + H + j`` in its high nibble. ``H`` (``HALF``) is the one torch's kernel was built for on
+this CPU: 32 with AVX-512, 16 with AVX2 (read from torch's own packer once, ``_half``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,29 @@ from .groups import GROUP, Groups
 
 ROW_BLOCK = 64
 PACK_ROWS = 64 * ROW_BLOCK
+
+
+def _half() -> int | None:
+    """The rows a packed byte's nibbles are apart in torch's layout on this CPU (None: another
+    layout than the two known, and then this path is not used)."""
+    codes = (np.arange(ROW_BLOCK)[:, None] * 7 + np.arange(GROUP)[None, :]).astype(np.uint8) % 16
+    try:
+        got = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.from_numpy(codes).to(torch.int32), 1)
+    except (RuntimeError, AttributeError):
+        return None
+    for h in (32, 16):
+        v = codes.reshape(-1, 2, h, GROUP)
+        if np.array_equal((v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1).reshape(got.shape), got.numpy()):
+            return h
+    return None
+
+
+HALF = _half()
+
+
+def supported() -> bool:
+    """Whether torch's CPU int4 kernel has a layout this module writes."""
+    return HALF is not None
 
 
 class Plane(NamedTuple):
@@ -95,8 +119,9 @@ def pack(rows: Iterable[Plane], n_rows: int) -> tuple[torch.Tensor, torch.Tensor
             packed = np.empty((r_pad, k // 2), np.uint8)
             sz = np.empty((k // GROUP, r_pad, 2), np.uint16)
         assert sz is not None and at + n <= r_pad, "more rows than n_rows"
-        v = codes.reshape(-1, 2, 32, k)  # [blocks, low/high nibble rows, 32, K]
-        packed.reshape(-1, k, 32)[at // ROW_BLOCK : (at + n) // ROW_BLOCK] = (v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1)
+        h = HALF or 32
+        v = codes.reshape(-1, 2, h, k)  # [blocks, low/high nibble rows, H, K]
+        packed.reshape(-1, k, h)[at // (2 * h) : (at + n) // (2 * h)] = (v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1)
         sz[:, at : at + n, 0], sz[:, at : at + n, 1] = bf16_bits(s.T), bf16_bits(z.T)
         at += n
 
@@ -141,16 +166,18 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, scale_zero: torch.Tensor) -> t
 
 def unpack_codes(packed: torch.Tensor, k: int) -> torch.Tensor:
     """packed → uint8 codes [R_pad, K] (the inverse of the layout described above)."""
-    v = packed.view(-1, k, GROUP)
-    both = torch.stack([v & 0x0F, v >> 4], dim=2)  # [R/64, K, 2, 32]
-    return both.view(-1, k, ROW_BLOCK).transpose(1, 2).reshape(-1, k)
+    h = HALF or 32
+    v = packed.view(-1, k, h)
+    both = torch.stack([v & 0x0F, v >> 4], dim=2)  # [R/2H, K, 2, H]
+    return both.view(-1, k, 2 * h).transpose(1, 2).reshape(-1, k)
 
 
 def gather_codes(packed: torch.Tensor, k: int, rows: torch.Tensor) -> torch.Tensor:
     """uint8 codes [len(rows), K] of the packed rows ``rows`` (int64; the layout above)."""
-    j = rows % ROW_BLOCK
-    b = packed.view(-1, k, GROUP)[rows // ROW_BLOCK, :, j % GROUP]  # [n, K]: row's low or high nibbles
-    return (b >> (4 * (j // GROUP)).to(torch.uint8).unsqueeze(1)) & 0x0F
+    h = HALF or 32
+    j = rows % (2 * h)
+    b = packed.view(-1, k, h)[rows // (2 * h), :, j % h]  # [n, K]: row's low or high nibbles
+    return (b >> (4 * (j // h)).to(torch.uint8).unsqueeze(1)) & 0x0F
 
 
 def dequantize_t(
@@ -167,8 +194,10 @@ def dequantize_t(
     Nibbles are taken from the kernel's layout (see above) and written through a strided view:
     a few passes over the weights."""
     nb, g = b1 - b0, k // GROUP
-    v = packed.view(-1, k, GROUP)
-    lo = v[b0:b1]
+    h = HALF or 32
+    f = ROW_BLOCK // (2 * h)  # the layout's row blocks in one of 64 rows
+    v = packed.view(-1, k, h)
+    lo = v[f * b0 : f * b1]
     cols = slice(ROW_BLOCK * b0, ROW_BLOCK * b1)
     s = scale_zero[:, cols, 0].contiguous()  # unit stride: elementwise ops stay vectorized
     if hi is None:  # c − 8 as int8 (uint8 arithmetic wraps), exact in bf16
@@ -176,14 +205,14 @@ def dequantize_t(
         c1 = (lo >> 4).sub_(8).view(torch.int8)
         z = scale_zero[:, cols, 1].contiguous()
     else:
-        h = v[hi : hi + nb]
-        c0 = (h << 4).bitwise_or_(lo & 0x0F).bitwise_xor_(0x80).view(torch.int8)  # −128 mod 256
-        c1 = (h & 0xF0).bitwise_or_(lo >> 4).bitwise_xor_(0x80).view(torch.int8)
+        up = v[f * hi : f * (hi + nb)]
+        c0 = (up << 4).bitwise_or_(lo & 0x0F).bitwise_xor_(0x80).view(torch.int8)  # −128 mod 256
+        c1 = (up & 0xF0).bitwise_or_(lo >> 4).bitwise_xor_(0x80).view(torch.int8)
         z = combined_offsets(scale_zero, b0, b1, hi).to(torch.bfloat16)
     out = torch.empty(k, ROW_BLOCK * nb, dtype=torch.bfloat16)
-    ov = out.view(g, GROUP, nb, 2, GROUP).permute(2, 0, 1, 3, 4)  # [block, group, k in group, half, j]
-    ov[..., 0, :].copy_(c0.view(nb, g, GROUP, GROUP))
-    ov[..., 1, :].copy_(c1.view(nb, g, GROUP, GROUP))
+    ov = out.view(g, GROUP, f * nb, 2, h).permute(2, 0, 1, 3, 4)  # [block, group, k in group, half, j]
+    ov[..., 0, :].copy_(c0.view(f * nb, g, GROUP, h))
+    ov[..., 1, :].copy_(c1.view(f * nb, g, GROUP, h))
     o3 = out.view(g, GROUP, ROW_BLOCK * nb)
     return torch.addcmul(z.unsqueeze(1), o3, s.unsqueeze(1), out=o3).view(k, -1)
 
