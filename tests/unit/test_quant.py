@@ -94,6 +94,26 @@ def test_packed_layout_round_trips(monkeypatch):
         int4.pack([int4.Plane(codes, zeros, zeros)], 201)
 
 
+@pytest.mark.parametrize("half", [32, 16], ids=["avx512-layout", "avx2-layout"])
+def test_both_packed_layouts_read_back_what_was_packed(monkeypatch, half):
+    """Whichever layout torch's kernel has on the CPU at hand (``int4.HALF``), the codes packed
+    read back row by row and in blocks, and the GEMM operand is the planes' weights."""
+    monkeypatch.setattr(int4, "HALF", half)
+    rng = np.random.default_rng(5)
+    n, k = 128, 64
+    codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    s = rng.uniform(0.5, 2.0, (n, k // 32)).astype(np.float32).astype(np.float64)
+    z = rng.uniform(-1.0, 1.0, (n, k // 32)).astype(np.float32).astype(np.float64)
+    packed, sz, _ = int4.pack([int4.Plane(codes, s, z)], n)
+    v = codes.reshape(-1, 2, half, k)  # the layout: byte [b, k, j] = rows 2Hb + j (low), 2Hb + H + j (high)
+    assert np.array_equal(packed.numpy(), (v[:, 0] | (v[:, 1] << 4)).transpose(0, 2, 1).reshape(n, k // 2))
+    assert torch.equal(int4.unpack_codes(packed, k), torch.from_numpy(codes))
+    rows = torch.tensor([0, 15, 16, 31, 32, 63, 64, 100, 127])
+    assert torch.equal(int4.gather_codes(packed, k, rows), torch.from_numpy(codes)[rows])
+    w = int4.dequantize(packed, sz, k, torch.float32)
+    assert torch.equal(int4.dequantize_t(packed, sz, k, 0, 2).float(), w.to(torch.bfloat16).float().t())
+
+
 def test_bf16_rounding_is_torchs():
     rng = np.random.default_rng(5)
     x = np.concatenate([
