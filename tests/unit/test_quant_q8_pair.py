@@ -19,7 +19,7 @@ from kvserve.model.quant import triton_q8_pair as QP  # noqa: E402
 from kvserve.model.quant import triton_q8_tile as QT  # noqa: E402
 from kvserve.model.quant.cuda_linear import CudaQuantLinear  # noqa: E402
 
-K = 512
+K = 256
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -27,9 +27,9 @@ def test_pair_gives_the_bits_of_its_two_gemvs(monkeypatch, rows):
     # unlike configurations (widths, warps, tile depths): a K split on each side, unequal ones
     monkeypatch.setattr(QT, "TUNING", {})
     a, b = packed(Q.Q4_K, 80, K, seed=3), packed(Q.Q6_K, 40, K, seed=4)
-    monkeypatch.setattr(QT, "ONE_ROW", {4: [(1 << 40, QT.TileConfig(32, 1, 2, 32))]})
-    # by weight bytes: Q6_K's 22,080 below Q4_K's 23,680
-    monkeypatch.setattr(QT, "CONFIGS", [(23000, QT.TileConfig(32, 1, 1, 16)), (None, QT.TileConfig(64, 2, 1, 16))])
+    monkeypatch.setattr(QT, "ONE_ROW", {4: [(1 << 40, QT.TileConfig(32, 1, 2, 16))]})
+    # by weight bytes: Q6_K's 11,040 below Q4_K's 11,840
+    monkeypatch.setattr(QT, "CONFIGS", [(11500, QT.TileConfig(32, 1, 1, 16)), (None, QT.TileConfig(64, 2, 1, 16))])
     gen = torch.Generator().manual_seed(5)
     xq = Q8.quantize_x(torch.randn(rows, K, generator=gen).to(DEV))
     bias = torch.randn(120, generator=gen).to(DEV)
