@@ -158,16 +158,18 @@ class LoadingEngine:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+        cfg = load_config(argv, os.environ)
     except ConfigError as e:
         print(e.message, file=sys.stderr)
         sys.exit(1)
-    logging.basicConfig(
+    log_args = dict(
         level=_log_level(cfg.server.verbosity) if not cfg.server.log_disable else logging.CRITICAL,
         format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
         filename=cfg.server.log_file,
     )
+    logging.basicConfig(**log_args)
     from .server.agent_tools import ToolSetupError
 
     if cfg.server.model_path is None:  # no model: llama-server's router (router/)
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         from .router.serve import serve_router
 
         s = cfg.server
-        serve_router(cfg, sys.argv[1:] if argv is None else argv, s.models_dir, s.models_max, s.models_autoload,
+        serve_router(cfg, argv, s.models_dir, s.models_max, s.models_autoload,
                      s.models_preset)
         return
     from .router.child import watch_router_stdin
@@ -187,6 +189,22 @@ def main(argv: list[str] | None = None) -> None:
     watch_router_stdin()
     n_slots = cfg.engine.resolve_parallel().n_parallel
     engine: Any
+    from .engine_process import engine_process_wanted
+
+    if engine_process_wanted(cfg):
+        from .engine_process import engine_process, text_side_or_exit
+        from .server.remote_engine import RemoteEngine
+
+        remote = RemoteEngine(n_slots, engine_process, (list(argv), log_args), lambda: text_side_or_exit(cfg))
+        logging.getLogger("kvserve").info("engine process started (pid %d)", remote.process.pid)
+        try:
+            serve(remote, cfg)
+        except ToolSetupError as e:
+            print(f"tools setup failed: {e}", file=sys.stderr, flush=True)
+            os._exit(1)
+        finally:
+            remote.close()
+        return
     if cfg.engine.sleep_idle_seconds > 0:
         from .engine.sleeper import SleepingEngine
 

@@ -47,9 +47,30 @@ class CompiledGrammar:
         self._template = matcher
         self._compiler = compiler
 
+    def __reduce__(self) -> tuple[Any, tuple[GrammarSpec]]:
+        """Pickled as its spec: another process compiles it again with its own compiler
+        (``set_process_compiler``), as the engine process does for the HTTP process's requests."""
+        return (_compiled_here, (self.spec,))
+
     def new_state(self) -> GrammarState:
         c = self._compiler
         return GrammarState(self._template.deep_copy(), self.spec, c.text_to_tokens, c.token_text, c.eog_ids)
+
+
+# The compiler (a factory of it) that unpickled grammars are compiled with in this process
+_process_compiler: Any = None
+
+
+def set_process_compiler(factory: Any) -> None:
+    """``factory()`` gives this process's ``GrammarCompiler`` (built on the first grammar)."""
+    global _process_compiler
+    _process_compiler = factory
+
+
+def _compiled_here(spec: GrammarSpec) -> CompiledGrammar:
+    if _process_compiler is None:
+        raise GrammarError("no grammar compiler in this process")
+    return _process_compiler().compile(spec)
 
 
 class GrammarCompiler:

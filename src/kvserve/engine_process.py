@@ -1,0 +1,90 @@
+"""The engine in a process of its own beside the HTTP side (``KVSERVE_ENGINE_PROCESS``).
+
+``python -m kvserve`` then serves HTTP in the process it started as (``server/remote_engine``)
+and runs the engine in a spawned process (``engine_process``, ``engine/host``): two
+interpreters, so that the requests' intake and the engine's steps never wait for each other's
+Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from .config import Config, ConfigError, load_config
+
+
+def engine_process_wanted(cfg: Config) -> bool:
+    """Whether the engine runs in a process of its own beside the HTTP side (``KVSERVE_ENGINE_PROCESS``:
+    1 on, 0 off; by default on where the model runs on CUDA, where a step's host work is the engine's
+    Python and a burst's intake would wait with it for one interpreter). Not with
+    ``--sleep-idle-seconds`` (the sleeping engine is dropped and rebuilt in the serving process)."""
+    if cfg.engine.sleep_idle_seconds > 0:
+        return False
+    want = os.environ.get("KVSERVE_ENGINE_PROCESS", "")
+    if want:
+        return want != "0"
+    if cfg.engine.device == "cpu":
+        return False
+    import torch
+
+    try:
+        return cfg.engine.resolve_device(torch.cuda.is_available()) == "cuda"
+    except ConfigError:  # reported by the load as before (--device cuda without CUDA)
+        return False
+
+
+def text_side(cfg: Config) -> tuple[Any, Any]:
+    """The tokenizer and chat template of the model file, as ``build_engine`` builds them."""
+    from .model.chat_template import ChatTemplate
+    from .model.files import default_model_path
+    from .model.gguf_meta import read_gguf
+    from .model.tokenizer import Tokenizer
+
+    contents = read_gguf(cfg.engine.model_path or default_model_path())
+    tokenizer = Tokenizer.from_metadata(contents.metadata)
+    try:
+        template = ChatTemplate.from_metadata(contents.metadata, cfg.server.chat_template, jinja=cfg.server.jinja)
+    except ValueError as err:
+        raise ConfigError(f"error: {err}") from None
+    return tokenizer, template
+
+
+def engine_process(conn: Any, argv: list[str], log_args: dict[str, Any]) -> None:
+    """The engine process (``KVSERVE_ENGINE_PROCESS``): the configuration of ``argv`` (and the
+    environment, inherited), load, start, then serve the engine to the HTTP process over
+    ``conn`` until it closes."""
+    logging.basicConfig(**log_args)
+    cfg = load_config(argv, os.environ)
+    from .__main__ import build_engine
+    from .engine.host import EngineHost
+    from .grammar.compiler import set_process_compiler
+    from .model.heap import freeze
+
+    try:
+        engine = build_engine(cfg)
+        engine.start()
+    except ConfigError as e:
+        print(e.message, file=sys.stderr, flush=True)
+        os._exit(1)
+    except Exception:  # noqa: BLE001 - a model that cannot load ends the server
+        logging.getLogger("kvserve").exception("failed to load the model")
+        os._exit(1)
+    set_process_compiler(lambda: engine.grammar_compiler)
+    freeze()
+    EngineHost(engine, conn).serve()
+    engine.stop()
+    from .engine import ttft_trace
+
+    ttft_trace.write()  # KVSERVE_TTFT_TRACE: a spawned process's exit runs no atexit hooks
+    os._exit(0)
+
+
+def text_side_or_exit(cfg: Config) -> tuple[Any, Any]:
+    try:
+        return text_side(cfg)
+    except ConfigError as e:
+        print(e.message, file=sys.stderr, flush=True)
+        os._exit(1)
