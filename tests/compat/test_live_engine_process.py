@@ -143,8 +143,10 @@ def test_the_processes_end_together() -> None:
     # the server ends: the engine process ends with it
     srv = launch(*ARGS, env={"KVSERVE_ENGINE_PROCESS": "1"}).wait(180)
     child = _engine_pid(srv)
+    inproc = launch(*ARGS, env={"KVSERVE_ENGINE_PROCESS": "0"}).wait(180)
     srv.proc.send_signal(signal.SIGTERM)
-    assert srv.proc.wait(timeout=30) is not None
+    inproc.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=30) == inproc.proc.wait(timeout=30)  # the same exit status as one process
     assert _gone(child, 30)
     # the engine process dies: the server exits with an error status
     srv = launch(*ARGS, env={"KVSERVE_ENGINE_PROCESS": "1"}).wait(180)

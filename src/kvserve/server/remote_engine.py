@@ -71,6 +71,7 @@ class RemoteEngine:
         self._send_lock = threading.Lock()
         self._grammars: Any = None
         self._on_exit = on_exit or (lambda code: os._exit(code))
+        self._closing = False
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=target, args=(child, *args), name="kvserve-engine", daemon=True)
@@ -107,6 +108,8 @@ class RemoteEngine:
                     self._info = msg[1]
         except (EOFError, OSError):
             pass
+        if self._closing:
+            return
         self.process.join(timeout=10)
         code = self.process.exitcode
         log.error("the engine process exited (status %s)", code)
@@ -148,6 +151,7 @@ class RemoteEngine:
 
     def close(self) -> None:
         """Ends the engine process (the server is shutting down)."""
+        self._closing = True
         try:
             self._conn.close()
         except OSError:
