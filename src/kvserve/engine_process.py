@@ -21,9 +21,12 @@ def engine_process_wanted(cfg: Config) -> bool:
     1 on, 0 off; by default on where the model runs on CUDA, where a step's host work is the engine's
     Python and a burst's intake would wait with it for one interpreter). Not with
     ``--sleep-idle-seconds`` (the sleeping engine is dropped and rebuilt in the serving process)."""
-    if cfg.engine.sleep_idle_seconds > 0:
-        return False
     want = os.environ.get("KVSERVE_ENGINE_PROCESS", "")
+    if cfg.engine.sleep_idle_seconds > 0:
+        if want and want != "0":
+            logging.getLogger("kvserve").warning(
+                "KVSERVE_ENGINE_PROCESS=%s: not with --sleep-idle-seconds; the engine runs in the serving process", want)
+        return False
     if want:
         return want != "0"
     if cfg.engine.device == "cpu":

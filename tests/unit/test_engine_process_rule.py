@@ -13,7 +13,7 @@ def _cfg(*argv: str):
     return load_config(["-m", "x.gguf", *argv], {})
 
 
-def test_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_rule(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.delenv("KVSERVE_ENGINE_PROCESS", raising=False)
     assert not engine_process_wanted(_cfg("--device", "cpu"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -24,7 +24,9 @@ def test_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not engine_process_wanted(_cfg("--device", "cuda"))  # its error is the load's, as before
     monkeypatch.setenv("KVSERVE_ENGINE_PROCESS", "1")
     assert engine_process_wanted(_cfg("--device", "cpu"))
-    assert not engine_process_wanted(_cfg("--sleep-idle-seconds", "5"))
+    with caplog.at_level("WARNING", logger="kvserve"):
+        assert not engine_process_wanted(_cfg("--sleep-idle-seconds", "5"))  # asked for, refused aloud
+    assert "not with --sleep-idle-seconds" in caplog.text
     monkeypatch.setenv("KVSERVE_ENGINE_PROCESS", "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not engine_process_wanted(_cfg())

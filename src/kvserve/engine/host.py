@@ -47,11 +47,15 @@ def static_info(engine: Any) -> dict[str, Any]:
 
 
 def error_reply(e: BaseException) -> tuple[str, Any]:
-    """An exception as plain data (an ``EngineError`` keeps its code, type and extra fields)."""
+    """An exception as plain data, with what the HTTP side maps to a status
+    (``server.errors.from_exception``): an ``EngineError``'s code, type and extra fields, a
+    ``ValueError`` (a 400), any other exception's int ``code`` and its message."""
     if isinstance(e, EngineError):
         return ("engine", (e.message, e.code, e.type, e.extra))
+    if isinstance(e, ValueError):
+        return ("value", str(e))
     code = getattr(e, "code", None)
-    return ("other", (type(e).__name__, str(e), code if isinstance(code, int) else None))
+    return ("other", (str(e) or type(e).__name__, code if isinstance(code, int) else None))
 
 
 class EngineHost:

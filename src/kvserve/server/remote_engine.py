@@ -28,10 +28,15 @@ import time
 from typing import Any, Callable
 
 from kvserve.engine.errors import EngineError
+from kvserve.engine.host import CALLS
 from kvserve.engine.request import Emit, ErrorEvent, FinalEvent, GenerationRequest
 
 log = logging.getLogger("kvserve")
 
+# How long a call waits for the engine process: reads of published state are answered by its
+# reading thread at once; slot actions, embeddings and ranking wait for the engine thread
+# (``Engine.call``: 30 s), whose own timeout then comes back first
+READ_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 60.0
 
 
@@ -44,13 +49,17 @@ class RemoteError(RuntimeError):
             self.code = code
 
 
-def _raise(err: tuple[str, Any]) -> None:
+def reraise(err: tuple[str, Any]) -> None:
+    """Raise what ``engine.host.error_reply`` made of an engine-process exception: the same
+    status and message from ``server.errors.from_exception`` as the exception itself."""
     kind, data = err
     if kind == "engine":
         message, code, typ, extra = data
         raise EngineError(message, code, typ, extra)
-    name, message, code = data
-    raise RemoteError(f"{name}: {message}" if message else name, code)
+    if kind == "value":
+        raise ValueError(data)
+    message, code = data
+    raise RemoteError(message, code)
 
 
 class RemoteEngine:
@@ -140,13 +149,14 @@ class RemoteEngine:
         with self._lock:
             self._calls[call_id] = box
         self._send(("call", call_id, name, args))
-        if not box[0].wait(CALL_TIMEOUT_S):
+        limit = CALL_TIMEOUT_S if CALLS[name] else READ_TIMEOUT_S  # blocking calls wait longer
+        if not box[0].wait(limit):
             with self._lock:
                 self._calls.pop(call_id, None)
-            raise EngineError(f"the engine did not answer {name} in {CALL_TIMEOUT_S:g} s", 503, "unavailable_error")
+            raise EngineError(f"the engine did not answer {name} in {limit:g} s", 503, "unavailable_error")
         ok, value = box[1]
         if not ok:
-            _raise(value)
+            reraise(value)
         return value
 
     def close(self) -> None:
