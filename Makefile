@@ -35,8 +35,12 @@ install: $(STAMP)
 serve: install
 	$(PY) -m kvserve -m "$$($(PY) -c 'from kvserve.model.files import default_model_path as p; print(p())')" --host 127.0.0.1 --port 8080
 
+# The suite runs in one worker process per core, four at most (each loads the test models and
+# starts the servers of the modules it runs tests of): TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ "$$n" -gt 4 ] && n=4; echo $$n)
+
 test: install $(CHROMIUM)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" tests

