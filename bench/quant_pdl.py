@@ -23,7 +23,9 @@ per setting): an A/B of programmatic dependent launch of the int8 tiled GEMV in 
 - ``+noact``: ``KVSERVE_GEMV_ACT_EPILOGUE=0`` (act(gate)·up quantized for down by a kernel of its
   own, not by the gate/up GEMV's programs);
 - ``+nopair``: ``KVSERVE_GEMV_PAIR=0`` (a module's two segments, Q4_K Q/K and Q6_K V, as two
-  launches on two streams, not one launch of both).
+  launches on two streams, not one launch of both);
+- ``+nosplit``: ``KVSERVE_GEMV_NORM_SPLIT=0`` (the RMSNorm after the output and down projections
+  as a norm + quantize kernel of its own, not split between the GEMVs before and after it).
 
 ``--rounds``: the settings in turn that many times (each row a median over rounds). ``--kernels``:
 the kernels of one step of each setting (first round); ``--kernels-for 0,2``: of those settings.
@@ -62,6 +64,7 @@ def apply(setting: str) -> None:
     cuda_linear.PARALLEL_SEGMENTS = "serial" not in extra
     cuda_linear.ACT_EPILOGUE = "noact" not in extra
     cuda_linear.PAIR_SEGMENTS = "nopair" not in extra
+    cuda_linear.NORM_SPLIT = "nosplit" not in extra
     fused_decode.TRIGGER = "notrig" not in extra
     triton_q8_tile.CONFIGS[:] = DEFAULT_CONFIGS
     triton_q8_tile.ONE_ROW.clear()

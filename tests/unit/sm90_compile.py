@@ -21,7 +21,7 @@ from kvserve.model.quant import triton_gemv, triton_q8, triton_q8_pair, triton_q
 from kvserve.model.quant.cuda_pack import FORMATS, SUB
 
 TARGET = GPUTarget("cuda", 90, 32)
-FLOAT_ARGS = {"eps", "qk_scale"}
+FLOAT_ARGS = {"eps", "qk_scale", "RS_EPS"}
 
 
 def signature(fn, consts: dict, ptrs: dict) -> dict:
@@ -46,24 +46,37 @@ def layout(q: Q, planes: bool = False) -> dict:
 
 def cases():
     act = {"xd_ptr": "*fp32", "xs_ptr": "*fp32", "x_ptr": "*bf16", "y_ptr": "*bf16", "p_ptr": "*fp32",
-           "b_ptr": "*fp32", "w_ptr": "*bf16"}
+           "b_ptr": "*fp32", "w_ptr": "*bf16", "rs_ptr": "*fp32", "nr_ptr": "*bf16", "nw_ptr": "*fp32",
+           "nq_ptr": "*i8", "nd_ptr": "*fp32", "ns_ptr": "*fp32", "nss_ptr": "*fp32"}
     for q, planes in ((Q.Q4_K, False), (Q.Q6_K, False), (Q.Q6_K, True), (Q.Q5_K, False), (Q.Q4_0, False),
                       (Q.Q8_0, False)):
         m = layout(q, planes)
         name = q.name + (" planes" if planes else "")
         tile = dict(m, HAS_BIAS=False, BM=1, BN=64, G=8, SPLIT=True, STAGES=1, SB=16, PRE=True, GDC=True,
-                    TRIGGER=True)
+                    TRIGGER=True, RSCALE=False, NRSP=1, NORM_OUT=False)
         yield f"{name} tiled GEMV", triton_q8_tile._tile_kernel, 2, act, dict(tile, ACT=0)
+        if not planes:  # the output and down projections: the first half of the RMSNorm after them
+            yield (f"{name} tiled GEMV + residual add, Σ s² and codes of s · w", triton_q8_tile._tile_kernel, 2, act,
+                   dict(tile, ACT=0, NORM_OUT=True, BM=4))
+            yield (f"{name} tiled GEMV scaled by the rows' 1 / rms", triton_q8_tile._tile_kernel, 2, act,
+                   dict(tile, ACT=0, RSCALE=True, NRSP=128, BM=2))
         if q == Q.Q4_K and not planes:  # gate/up: act(g) * u quantized for down by the last program of a pair
             yield (f"{name} tiled GEMV + act(gate) * up + quantize", triton_q8_tile._tile_kernel, 2,
                    dict(act, aq_ptr="*i8", ad_ptr="*fp32", as_ptr="*fp32"), dict(tile, ACT=1))
+            yield (f"{name} tiled GEMV scaled by 1 / rms + act(gate) * up + quantize", triton_q8_tile._tile_kernel, 1,
+                   dict(act, aq_ptr="*i8", ad_ptr="*fp32", as_ptr="*fp32"), dict(tile, ACT=1, RSCALE=True, NRSP=64,
+                                                                                 BN=32))
         if q == Q.Q6_K and not planes:  # Q4_K Q/K and Q6_K V in one launch
             k4 = {f"{k}_a": v for k, v in dict(layout(Q.Q4_K), HAS_BIAS=True, BN=64, G=8, SPLIT=True, STAGES=1).items()}
             k6 = {f"{k}_b": v for k, v in dict(m, HAS_BIAS=True, BN=32, G=16, SPLIT=True, STAGES=1).items()}
             yield ("Q4_K + Q6_K tiled GEMVs in one launch", triton_q8_pair._pair_kernel, 2,
                    dict(act, **{f"{n}{s}_ptr": t for s in "ab" for n, t in (("y", "*bf16"), ("b", "*fp32"),
                                                                             ("p", "*fp32"))}),
-                   dict(k4, **k6, BM=1, SB=16, PRE=True, GDC=True, TRIGGER=True))
+                   dict(k4, **k6, BM=1, SB=16, PRE=True, GDC=True, TRIGGER=True, RSCALE=False, NRSP=1))
+            yield ("Q4_K + Q6_K tiled GEMVs in one launch, scaled by the rows' 1 / rms", triton_q8_pair._pair_kernel,
+                   2, dict(act, **{f"{n}{s}_ptr": t for s in "ab" for n, t in (("y", "*bf16"), ("b", "*fp32"),
+                                                                                ("p", "*fp32"))}),
+                   dict(k4, **k6, BM=1, SB=16, PRE=True, GDC=True, TRIGGER=True, RSCALE=True, NRSP=128))
         if planes:
             continue
         base = dict(m, HAS_BIAS=True, BM=4, BN=128, SPLIT=True, STAGES=1, SB=16)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import norm_kernel, ops_cpu
+from .prenormed import Prenormed
 
 
 class RMSNorm(nn.Module):
@@ -80,20 +81,31 @@ class GatedMLP(nn.Module):
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
         return self.down.forward(torch.mul(g, u))
 
-    def forward_normed(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(norm(x + residual)), x + residual) with gate and up fused: where the gate/up
-        module's GEMV can hand the down projection its quantized input (the CUDA quantized
-        modules at decode sizes) one kernel fewer, else ``norm_linear`` then ``from_gate_up``."""
+    def forward_normed(self, norm: RMSNorm, x: torch.Tensor | Prenormed, residual: torch.Tensor | None,
+                       next_norm: RMSNorm | None = None) -> tuple[torch.Tensor | Prenormed, torch.Tensor | None]:
+        """(self(norm(x + residual)), x + residual) with gate and up fused (x a ``Prenormed``: its
+        sum, residual not read): where the gate/up module's GEMV can hand the down projection its
+        quantized input (the CUDA quantized modules at decode sizes) one kernel fewer, else
+        ``norm_linear`` then ``from_gate_up``. With ``next_norm`` (the RMSNorm after this block)
+        the down projection may return ``(Prenormed of its output + the sum, None)`` instead
+        (``CudaQuantLinear.forward_quantized_into``): the pair's sum is then the Prenormed's."""
         # looked up on the classes: a miss on an nn.Module instance costs ~2 µs (its __getattr__),
         # once a layer a token on every other backend
         if (getattr(type(self.gate_up), "forward_normed_act", None) is not None
                 and getattr(type(self.down), "quant_input", None) is not None):
-            got = self.gate_up.forward_normed_act(x, residual, norm, self.n_ff, self.act,
-                                                  self.down.quant_input)
+            if isinstance(x, Prenormed):
+                xq, s = self.gate_up.forward_prenormed_act(x, norm, self.n_ff, self.act, self.down.quant_input), x.s
+                got = None if xq is None else (xq, s)
+            else:
+                got = self.gate_up.forward_normed_act(x, residual, norm, self.n_ff, self.act,
+                                                      self.down.quant_input)
             if got is not None:
                 xq, s = got
-                return self.down.forward_quantized(xq, x.dtype), s
+                if next_norm is not None:
+                    pre = self.down.forward_quantized_into(xq, s.dtype, s, next_norm)
+                    if pre is not None:
+                        return pre, None
+                return self.down.forward_quantized(xq, s.dtype), s
         gu, s = norm_linear(norm, self.gate_up, x, residual)
         return self.from_gate_up(gu), s
 
@@ -113,10 +125,16 @@ class GatedMLP(nn.Module):
         return self.down.forward(torch.mul(g, u))
 
 
-def norm_linear(norm: RMSNorm, lin: nn.Module, x: torch.Tensor, residual: torch.Tensor
+def norm_linear(norm: RMSNorm, lin: nn.Module, x: torch.Tensor | Prenormed, residual: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lin(norm(x + residual)), x + residual): one kernel where ``lin`` fuses the norm into its
-    GEMV (``dense_gemv.GemvLinear`` on CUDA), else the norm's kernel and then ``lin``."""
+    GEMV (``dense_gemv.GemvLinear`` on CUDA), else the norm's kernel and then ``lin``. x a
+    ``Prenormed`` (residual not read): its sum, the norm's second half in ``lin``'s GEMVs where
+    it takes one (``CudaQuantLinear.forward_prenormed``)."""
+    if isinstance(x, Prenormed):
+        if getattr(type(lin), "forward_prenormed", None) is not None:
+            return lin.forward_prenormed(x, norm), x.s
+        return lin.forward(norm.forward(x.s)), x.s
     fused = getattr(lin, "forward_normed", None)
     if fused is not None:
         return fused(x, residual, norm)

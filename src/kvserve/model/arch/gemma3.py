@@ -24,9 +24,10 @@ class Gemma3Block(nn.Module):
         self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "gelu_tanh")
         self.post_ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
 
-    def forward(self, x: torch.Tensor, step: AttentionStep,
-                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As ``LlamaBlock.forward``: the output is the sum of the returned pair."""
+    def forward(self, x: torch.Tensor, step: AttentionStep, residual: torch.Tensor | None = None,
+                next_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``LlamaBlock.forward``: the output is the sum of the returned pair (``next_norm`` is
+        not used: the post-FFN norm comes between the down projection and the sum)."""
         if residual is None:
             h, residual = self.attn_norm.forward(x), x
         else:

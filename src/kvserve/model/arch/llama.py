@@ -19,6 +19,7 @@ from ..backends.base import AttentionStep
 from ..config import ModelConfig
 from ..cpu_forward import CpuForward
 from ..layers import GatedMLP, RMSNorm, norm_linear
+from ..prenormed import Prenormed
 
 
 class Attention(nn.Module):
@@ -42,13 +43,20 @@ class Attention(nn.Module):
             return self.from_qkv(self.qkv.forward(x), step)
         return self._attend(self.q.forward(x), self.k.forward(x), self.v.forward(x), step)
 
-    def from_qkv(self, qkv: torch.Tensor, step: AttentionStep) -> torch.Tensor:
-        """The module's output from the fused projection's output [T, q | k | v]."""
+    def from_qkv(self, qkv: torch.Tensor, step: AttentionStep,
+                 into: tuple[torch.Tensor, RMSNorm] | None = None) -> torch.Tensor | Prenormed:
+        """The module's output from the fused projection's output [T, q | k | v]. ``into`` =
+        (residual, norm): the output projection may return the ``Prenormed`` of its output +
+        residual for the GEMV after ``norm`` instead (``CudaQuantLinear.forward_quantized_into``)."""
         cfg = self.cfg
         if not cfg.qk_norm:
             sink = self._o_input(qkv, step)
             if sink is not None:  # the attention kernel hands the output projection its int8 input
                 o = step.attend_qkv_quant(self.layer, qkv, cfg.n_head, cfg.n_head_kv, sink)
+                if into is not None and getattr(type(self.o), "forward_quantized_into", None) is not None:
+                    pre = self.o.forward_quantized_into(sink, o.dtype, *into)
+                    if pre is not None:
+                        return pre
                 return self.o.forward_quantized(sink, o.dtype)
             o = step.attend_qkv(self.layer, qkv, cfg.n_head, cfg.n_head_kv)
             return self.o.forward(o.reshape(qkv.shape[0], cfg.n_head * cfg.head_dim))
@@ -89,22 +97,26 @@ class LlamaBlock(nn.Module):
         self.ffn_norm = RMSNorm(cfg.n_embd, cfg.rms_eps)
         self.mlp = GatedMLP(cfg.n_embd, cfg.n_ff, "silu")
 
-    def forward(self, x: torch.Tensor, step: AttentionStep,
-                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The block on hidden state ``x + residual`` (``x`` alone when residual is None); returns
-        ``(h, r)`` whose sum is its output, so that the next norm adds them in its kernel."""
+    def forward(self, x: torch.Tensor | Prenormed, step: AttentionStep, residual: torch.Tensor | None = None,
+                next_norm: RMSNorm | None = None) -> tuple[torch.Tensor | Prenormed, torch.Tensor | None]:
+        """The block on hidden state ``x + residual`` (``x`` alone when residual is None, or x a
+        ``Prenormed``: its sum); returns ``(h, r)`` whose sum is its output, so that the next norm
+        adds them in its kernel, or ``(Prenormed, None)`` where the down projection did the first
+        half of ``next_norm`` (the next block's first norm) on it (``GatedMLP.forward_normed``)."""
         attn, mlp = self.attn, self.mlp
-        if residual is None:
+        if isinstance(x, Prenormed) and attn.qkv is None:
+            x, residual = x.s, None
+        if residual is None and not isinstance(x, Prenormed):
             h, residual = self.attn_norm.forward(x), x
             a = attn.forward(h, step)
         elif attn.qkv is not None:  # the norm may run inside the projection's kernel (norm_linear)
             qkv, residual = norm_linear(self.attn_norm, attn.qkv, x, residual)
-            a = attn.from_qkv(qkv, step)
+            a = attn.from_qkv(qkv, step, (residual, self.ffn_norm) if mlp.gate_up is not None else None)
         else:
             h, residual = self.attn_norm.forward(x, residual)
             a = attn.forward(h, step)
         if mlp.gate_up is not None:
-            return mlp.forward_normed(self.ffn_norm, a, residual)
+            return mlp.forward_normed(self.ffn_norm, a, residual, next_norm)
         h, residual = self.ffn_norm.forward(a, residual)
         return mlp.forward(h), residual
 
@@ -141,8 +153,12 @@ class LlamaModel(nn.Module):
             if fast and ops_cpu.ENABLED and CpuForward.runs(step, x):
                 return fast.forward(x, step)
         residual = None
-        for block in self.layers:
-            x, residual = block.forward(x, step, residual)
+        prev = None
+        for block in self.layers:  # each block but the last told the norm after it (its next's first)
+            if prev is not None:
+                x, residual = prev.forward(x, step, residual, block.attn_norm)
+            prev = block
+        x, residual = prev.forward(x, step, residual)
         return self.norm.forward(x, residual)[0] if residual is not None else self.norm.forward(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

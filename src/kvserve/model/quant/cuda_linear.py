@@ -16,7 +16,9 @@ or one group a step (``triton_q8``); the tiled GEMVs of a module's two segments 
 the kernel before the module quantizes its own output where the layers let it
 (``forward_normed``: the RMSNorm before Q/K/V and gate/up; ``forward_act``: act(gate)·up before
 down), so that a decode layer launches no quantizer of its own for them; and the gate/up GEMV
-quantizes act(gate)·up for down in its own programs where it can (``forward_normed_act``). The
+quantizes act(gate)·up for down in its own programs where it can (``forward_normed_act``); the
+output and down projections do the first half of the RMSNorm after them and Q/K/V and gate/up the
+second (``forward_quantized_into``, ``forward_prenormed``: no norm kernel between them). The
 tiled GEMVs and those quantizing kernels are programmatic dependent launches on sm90 (``pdl``,
 ``KVSERVE_QUANT_GEMV_PDL``): each GEMV's first weights load while the kernel before still runs.
 """
@@ -30,7 +32,8 @@ import torch
 from torch import nn
 
 from .. import norm_kernel
-from . import triton_gemv, triton_q8, triton_q8_pair, triton_q8_tile
+from ..prenormed import Prenormed
+from . import triton_gemv, triton_q8, triton_q8_norm, triton_q8_pair, triton_q8_tile
 from .cuda_pack import Packed, cat
 
 GEMV_MAX_ROWS = 8
@@ -60,6 +63,10 @@ ACT_EPILOGUE = os.environ.get("KVSERVE_GEMV_ACT_EPILOGUE", "1") != "0"
 # ``KVSERVE_GEMV_PAIR=0``: a module's two segments as two tiled GEMVs (on two streams unless
 # ``KVSERVE_GEMV_STREAMS=0``) instead of one launch of both (``triton_q8_pair``)
 PAIR_SEGMENTS = os.environ.get("KVSERVE_GEMV_PAIR", "1") != "0"
+# ``KVSERVE_GEMV_NORM_SPLIT=0``: the RMSNorm after the output and down projections as a kernel of
+# its own (norm + quantize) instead of split between those GEMVs and the GEMVs after the norm
+# (``triton_q8_norm``: ``forward_quantized_into``, ``forward_prenormed``)
+NORM_SPLIT = os.environ.get("KVSERVE_GEMV_NORM_SPLIT", "1") != "0"
 # ``KVSERVE_GEMV_STREAMS=0``: a module's segments one after the other on one stream
 PARALLEL_SEGMENTS = os.environ.get("KVSERVE_GEMV_STREAMS", "1") != "0"
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
@@ -174,20 +181,76 @@ class CudaQuantLinear(nn.Module):
         device)`` (the down projection's buffers; ``triton_q8_tile.fuses_act``): no act·mul
         kernel between the two GEMVs. None where it does not (the caller runs the kernels)."""
         m = x.shape[0] if x.dim() == 2 else 0
-        if not (ACT_EPILOGUE and KERNEL == "tile" and len(self.segments) == 1 and self.perm is None
-                and self.out_features == 2 * n_ff and act in triton_q8_tile.ACTS and self._fusable(x)
-                and residual.is_contiguous() and residual.dtype == x.dtype and self.in_features % 32 == 0):
+        if not (self._fusable(x) and residual.is_contiguous() and residual.dtype == x.dtype
+                and self.in_features % 32 == 0):
             return None
-        seg = self.segments[0]
-        if not triton_q8_tile.fuses_act(seg.packed(), m, n_ff):
-            return None
-        sink = quant_input(m, x.device)
+        sink = self._act_sink(m, n_ff, act, quant_input, x.device)
         if sink is None:
             return None
         xq, s = triton_q8.norm_quantize_x(x, residual, norm.weight, norm.eps)
         y = torch.empty((m, self.out_features), dtype=x.dtype, device=x.device)
-        triton_q8_tile.gemv(xq, seg.packed(), y, self.bias, act_out=(sink, n_ff, act))
+        triton_q8_tile.gemv(xq, self.segments[0].packed(), y, self.bias, act_out=(sink, n_ff, act))
         return sink, s
+
+    def _act_sink(self, m: int, n_ff: int, act: str, quant_input, device: torch.device) -> triton_q8.QuantX | None:
+        """``quant_input``'s buffers where this gate/up module's GEMV at ``m`` rows can quantize
+        act(g) · u into them itself (``triton_q8_tile.fuses_act``), else None."""
+        if not (ACT_EPILOGUE and KERNEL == "tile" and len(self.segments) == 1 and self.perm is None
+                and self.out_features == 2 * n_ff and act in triton_q8_tile.ACTS
+                and triton_q8_tile.fuses_act(self.segments[0].packed(), m, n_ff)):
+            return None
+        return quant_input(m, device)
+
+    def forward_quantized_into(self, xq: triton_q8.QuantX, dtype: torch.dtype, residual: torch.Tensor,
+                               norm: nn.Module) -> Prenormed | None:
+        """s = self(x) + residual for x given as ``quantize_x(x)``, with what the GEMV after
+        ``norm`` (an RMSNorm) needs of it (``forward_prenormed``): the first half of the norm in
+        this GEMV's programs (``triton_q8_norm``). None where this module cannot (a second
+        segment, a bias, the group-at-a-time kernel, ``KVSERVE_GEMV_NORM_SPLIT=0``)."""
+        m = xq.q.shape[0]
+        if not (NORM_SPLIT and KERNEL == "tile" and len(self.segments) == 1 and self.perm is None
+                and self.bias is None and self.out_features % 32 == 0 and 1 <= m <= GEMV_MAX_ROWS
+                and residual.shape == (m, self.out_features) and residual.is_contiguous()
+                and residual.dtype == dtype and norm.weight.numel() == self.out_features):
+            return None
+        p = self.segments[0].packed()
+        cfg = triton_q8_tile.default_config(p, m)
+        if cfg.bn % 32:
+            return None
+        pre = triton_q8_norm.empty_prenormed(m, p.n, triton_q8_tile.norm_blocks(p, m, cfg), dtype, xq.q.device)
+        triton_q8_tile.gemv(xq, p, pre.s, cfg=cfg, norm_out=(residual, norm.weight, pre))
+        return pre
+
+    def _takes_prenormed(self, pre: Prenormed) -> bool:
+        return KERNEL == "tile" and pre.s.shape[1] == self.in_features and pre.s.shape[0] <= GEMV_MAX_ROWS
+
+    def forward_prenormed(self, pre: Prenormed, norm: nn.Module) -> torch.Tensor:
+        """self(norm(s)) for ``pre`` from a ``forward_quantized_into``: the second half of the norm
+        in this module's GEMVs (each row's sums scaled by its 1 / rms)."""
+        if not self._takes_prenormed(pre):
+            return self.forward(norm.forward(pre.s))
+        y = torch.empty((pre.s.shape[0], self.out_features), dtype=pre.s.dtype, device=pre.s.device)
+        segs = list(self.segments)
+        if len(segs) == 2 and PAIR_SEGMENTS:
+            triton_q8_pair.gemv_pair(pre.xq, *(self._operands(s, y) for s in segs), rscale=(pre, norm.eps))
+        else:
+            for s in segs:
+                triton_q8_tile.gemv(pre.xq, *self._operands(s, y), rscale=(pre, norm.eps))
+        return y if self.perm is None else y[:, self.perm]
+
+    def forward_prenormed_act(self, pre: Prenormed, norm: nn.Module, n_ff: int, act: str,
+                              quant_input) -> triton_q8.QuantX | None:
+        """``forward_normed_act`` for ``pre`` from a ``forward_quantized_into``: the quantized
+        act(g) · u of [g | u] = self(norm(s)) in ``quant_input``'s buffers, or None (the caller
+        runs ``forward_prenormed`` and the kernels after it)."""
+        m = pre.s.shape[0]
+        sink = self._act_sink(m, n_ff, act, quant_input, pre.s.device) if self._takes_prenormed(pre) else None
+        if sink is None:
+            return None
+        y = torch.empty((m, self.out_features), dtype=pre.s.dtype, device=pre.s.device)
+        triton_q8_tile.gemv(pre.xq, self.segments[0].packed(), y, self.bias, act_out=(sink, n_ff, act),
+                            rscale=(pre, norm.eps))
+        return sink
 
     def forward_act(self, gu: torch.Tensor, n_ff: int, act: str) -> torch.Tensor:
         """self(act(gu[:, :n_ff]) · gu[:, n_ff:]): at decode sizes one kernel computes and quantizes

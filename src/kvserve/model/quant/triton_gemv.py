@@ -206,22 +206,28 @@ def _finish_at(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, 
     """``_finish`` of the program at batch block ``pm``, column block ``pn`` (of ``NB``) and K slice
     ``pk`` (a kernel whose grid holds more than one GEMV names its programs' places itself)."""
     if SPLIT:
-        part = p_ptr + pk * M * N + rn
-        tl.store(part + m0 * N, a0, mask=nmask & (m0 < M))
-        if BM > 1:
-            tl.store(part + (m0 + 1) * N, a1, mask=nmask & (m0 + 1 < M))
-        if BM > 2:
-            tl.store(part + (m0 + 2) * N, a2, mask=nmask & (m0 + 2 < M))
-            tl.store(part + (m0 + 3) * N, a3, mask=nmask & (m0 + 3 < M))
-        tl.debug_barrier()  # every thread's partials are stored before the count is published
-        cnt = c_ptr + pm * NB + pn
-        done = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        done = _publish_slice(a0, a1, a2, a3, p_ptr, c_ptr, rn, nmask, M, N, m0, pm, pn, pk, NB, BM)
         if done == S - 1:
             a0, a1, a2, a3 = _sum_slices(p_ptr, rn, nmask, M, N, m0, S, BM, BN, SB)
             _store_rows(y_ptr, b_ptr, rn, nmask, M, m0, stride_ym, a0, a1, a2, a3, HAS_BIAS, BM, BN)
-            tl.atomic_xchg(cnt, 0)
+            tl.atomic_xchg(c_ptr + pm * NB + pn, 0)
     else:
         _store_rows(y_ptr, b_ptr, rn, nmask, M, m0, stride_ym, a0, a1, a2, a3, HAS_BIAS, BM, BN)
+
+
+@triton.jit
+def _publish_slice(a0, a1, a2, a3, p_ptr, c_ptr, rn, nmask, M, N, m0, pm, pn, pk, NB, BM: tl.constexpr):
+    """Store K slice ``pk``'s partial sums and count it in: the count of slices before it (S - 1:
+    this program is the last and sums them; it resets the count)."""
+    part = p_ptr + pk * M * N + rn
+    tl.store(part + m0 * N, a0, mask=nmask & (m0 < M))
+    if BM > 1:
+        tl.store(part + (m0 + 1) * N, a1, mask=nmask & (m0 + 1 < M))
+    if BM > 2:
+        tl.store(part + (m0 + 2) * N, a2, mask=nmask & (m0 + 2 < M))
+        tl.store(part + (m0 + 3) * N, a3, mask=nmask & (m0 + 3 < M))
+    tl.debug_barrier()  # every thread's partials are stored before the count is published
+    return tl.atomic_add(c_ptr + pm * NB + pn, 1, sem="acq_rel", scope="gpu")
 
 
 @triton.jit

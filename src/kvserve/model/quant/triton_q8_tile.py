@@ -35,6 +35,7 @@ from .triton_gemv import _INTERPRET, _counters, _finish_at, _meta, _scale_of, _s
 from . import pdl
 from .pdl import gdc_launch_dependents, gdc_wait
 from .triton_q8 import QuantX, _act_mul, _dot4, _store_quant
+from .triton_q8_norm import Prenormed, _finish_norm, _row_factors, rscale_args
 
 _SUPER = tl.constexpr(SUPER)
 
@@ -148,11 +149,13 @@ def _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0
 @triton.jit
 def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, STEPS, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+               rs_ptr, NRS, RS_K, RS_EPS, nr_ptr, nw_ptr, nq_ptr, nd_ptr, ns_ptr, nss_ptr,
                pm, pn, pk, NB, BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-               TRIGGER: tl.constexpr, ACT: tl.constexpr):
+               TRIGGER: tl.constexpr, ACT: tl.constexpr, RSCALE: tl.constexpr, NRSP: tl.constexpr,
+               NORM_OUT: tl.constexpr):
     """NG groups along K; K slice ``pk`` runs ``STEPS`` tiles of ``G`` groups (the program of batch
     block ``pm``, column block ``pn`` of ``NB``: its place in the grid, which the kernel names).
 
@@ -160,7 +163,12 @@ def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_pt
     write (activations, partials, counters) is read, and with ``GDC`` (a programmatic dependent
     launch, compiled kernels only) before ``gdc_wait``: its loads are in flight while the kernel
     before finishes. The same terms in the same order as without (the same bits). ``TRIGGER``
-    (with ``GDC``): the next kernel may launch once every program has passed its wait."""
+    (with ``GDC``): the next kernel may launch once every program has passed its wait.
+
+    ``RSCALE`` / ``NORM_OUT``: the consumer's and the producer's halves of the RMSNorm between two
+    GEMVs (``triton_q8_norm``): the sums scaled by the rows' 1 / rms from ``rs_ptr``'s partial sums
+    (read after the wait); the finished columns written as the norm's sum, its partial Σ s² and
+    the codes of s · w (``nr``: the residual, ``nw``: the norm's weights, ``nq/nd/ns/nss``: out)."""
     s0 = pk * STEPS
     m0 = pm * BM
     rn = pn * BN + tl.arange(0, BN)
@@ -180,14 +188,25 @@ def _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_pt
         a0, a1, a2, a3 = _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, s0 * G, xq_ptr, xd_ptr, xs_ptr, m0, M,
                                    NG, stride_qm, stride_dm, stride_sm, BITS, GS, ZERO, TWO_LEVEL, HAS_O,
                                    SIGNED, SUB, BM, BN, G)
+    if RSCALE:  # loads issued before the loop: their latency hides behind it
+        c0, c1, c2, c3 = _row_factors(rs_ptr, m0, M, NRS, RS_K, RS_EPS, BM, NRSP)
     for t in tl.range(FIRST, STEPS, num_stages=STAGES):
         g0 = (s0 + t) * G
         words, hiw, gw, sw = _tile_load(q_ptr, gw_ptr, sw_ptr, g0, rn, nmask, N, NG, BITS, GS, TWO_LEVEL, SUB, G)
         a0, a1, a2, a3 = _tile_add(a0, a1, a2, a3, words, hiw, gw, sw, g0, xq_ptr, xd_ptr, xs_ptr, m0, M, NG,
                                    stride_qm, stride_dm, stride_sm, BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED,
                                    SUB, BM, BN, G)
-    _finish_at(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S, pm, pn, pk, NB,
-               HAS_BIAS, BM, BN, SPLIT, SB)
+    if RSCALE:
+        a0 *= c0
+        a1 *= c1
+        a2 *= c2
+        a3 *= c3
+    if NORM_OUT:
+        _finish_norm(a0, a1, a2, a3, p_ptr, c_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S, pm, pn, pk, NB,
+                     nr_ptr, nw_ptr, nq_ptr, nd_ptr, ns_ptr, nss_ptr, BM, BN, SPLIT, SB)
+    else:
+        _finish_at(a0, a1, a2, a3, p_ptr, c_ptr, b_ptr, y_ptr, rn, nmask, M, N, m0, stride_ym, S, pm, pn, pk, NB,
+                   HAS_BIAS, BM, BN, SPLIT, SB)
     if ACT:
         _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, pm, pn, NB, ACT == 2, BM, BN)
 
@@ -222,32 +241,38 @@ def _act_pair(y_ptr, aq_ptr, ad_ptr, as_ptr, pc_ptr, M, m0, stride_ym, NFF, S, p
 @triton.jit
 def _tile_kernel(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                  stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+                 rs_ptr, NRS, RS_K, RS_EPS, nr_ptr, nw_ptr, nq_ptr, nd_ptr, ns_ptr, nss_ptr,
                  BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                  HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                  STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-                 TRIGGER: tl.constexpr, ACT: tl.constexpr):
+                 TRIGGER: tl.constexpr, ACT: tl.constexpr, RSCALE: tl.constexpr, NRSP: tl.constexpr,
+                 NORM_OUT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+               rs_ptr, NRS, RS_K, RS_EPS, nr_ptr, nw_ptr, nq_ptr, nd_ptr, ns_ptr, nss_ptr,
                tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
-               PRE, GDC, TRIGGER, ACT)
+               PRE, GDC, TRIGGER, ACT, RSCALE, NRSP, NORM_OUT)
 
 
 @triton.jit
 def _tile_kernel_const(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                        stride_qm, stride_dm, stride_sm, stride_ym, steps: tl.constexpr, S: tl.constexpr,
                        aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+                       rs_ptr, NRS, RS_K, RS_EPS, nr_ptr, nw_ptr, nq_ptr, nd_ptr, ns_ptr, nss_ptr,
                        BITS: tl.constexpr, GS: tl.constexpr, ZERO: tl.constexpr, TWO_LEVEL: tl.constexpr,
                        HAS_O: tl.constexpr, SIGNED: tl.constexpr, SUB: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                        STAGES: tl.constexpr, SB: tl.constexpr, PRE: tl.constexpr, GDC: tl.constexpr,
-                       TRIGGER: tl.constexpr, ACT: tl.constexpr):
+                       TRIGGER: tl.constexpr, ACT: tl.constexpr, RSCALE: tl.constexpr, NRSP: tl.constexpr,
+                       NORM_OUT: tl.constexpr):
     _tile_body(xq_ptr, xd_ptr, xs_ptr, q_ptr, gw_ptr, sw_ptr, b_ptr, y_ptr, p_ptr, c_ptr, M, N, NG,
                stride_qm, stride_dm, stride_sm, stride_ym, steps, S, aq_ptr, ad_ptr, as_ptr, pc_ptr, NFF,
+               rs_ptr, NRS, RS_K, RS_EPS, nr_ptr, nw_ptr, nq_ptr, nd_ptr, ns_ptr, nss_ptr,
                tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1),
                BITS, GS, ZERO, TWO_LEVEL, HAS_O, SIGNED, SUB, HAS_BIAS, BM, BN, G, SPLIT, STAGES, SB,
-               PRE, GDC, TRIGGER, ACT)
+               PRE, GDC, TRIGGER, ACT, RSCALE, NRSP, NORM_OUT)
 
 
 # The sweep of ``bench/quant_cuda.py --sweep`` at batch 1 on an H200 over the Llama-3-8B Q4_K_M
@@ -314,7 +339,8 @@ def fuses_act(p: Packed, m: int, n_ff: int, cfg: TileConfig | None = None) -> bo
 
 def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = None,
          cfg: TileConfig | None = None, pdl_level: int | None = None,
-         act_out: tuple[QuantX, int, str] | None = None) -> torch.Tensor:
+         act_out: tuple[QuantX, int, str] | None = None, rscale: tuple[Prenormed, float] | None = None,
+         norm_out: tuple[torch.Tensor, torch.Tensor, Prenormed] | None = None) -> torch.Tensor:
     """out [M, n] (a view with unit column stride) = the GEMV of ``xq`` (``quantize_x``) by Wᵀ, + bias.
 
     ``pdl_level`` (default ``KVSERVE_QUANT_GEMV_PDL``, see ``pdl``): from 1 each K slice loads its first
@@ -325,7 +351,13 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
 
     ``act_out`` = (``sink``, n_ff, act) with ``fuses_act``: out = [g | u] and the kernel also fills
     ``sink`` (``QuantX`` buffers [M, n_ff]) with ``triton_q8.act_quantize_x(out, n_ff, act)``, the
-    same bits, in the programs that finish each column pair (``_act_pair``): no launch of its own."""
+    same bits, in the programs that finish each column pair (``_act_pair``): no launch of its own.
+
+    ``rscale`` = (``pre``, eps): ``xq`` is ``pre.xq`` (a producer's codes of s · w) and the sums are
+    scaled by each row's rsqrt(mean(s²) + eps) from ``pre.ss`` (``triton_q8_norm``). ``norm_out`` =
+    (r, w, ``pre``) (no bias; ``pre`` from ``triton_q8_norm.empty_prenormed`` with ``norm_blocks``
+    blocks; ``out`` is ``pre.s``): out = s = y + r, and ``pre`` is filled for the GEMV after
+    ``rms_norm(s) · w``."""
     L = launch_of(xq, p, out, bias, cfg)
     m = xq.q.shape[0]
     if act_out is not None:
@@ -337,14 +369,29 @@ def gemv(xq: QuantX, p: Packed, out: torch.Tensor, bias: torch.Tensor | None = N
         act_kind = ACTS[act]
     else:
         act_args, act_kind = (out, out, out, L.tensors[-1], 0), 0  # not read
+    rs = rscale_args(*rscale, p.k) if rscale is not None else rscale_args(None, 0.0, p.k)
+    if norm_out is not None:
+        r, w, sink = norm_out
+        assert bias is None and L.cfg.bn % 32 == 0 and out.data_ptr() == sink.s.data_ptr()
+        assert r.shape == out.shape and r.is_contiguous() and out.is_contiguous() and w.numel() == p.n
+        assert sink.ss.shape == (m, L.grid[1]) and sink.xq.q.shape == (m, p.n // 4)
+        norm_args = (r, w, sink.xq.q.view(torch.int8), sink.xq.d, sink.xq.s, sink.ss)
+    else:
+        norm_args = (out,) * 6  # not read
     kernel = _tile_kernel_const if _INTERPRET else _tile_kernel
     pre = (pdl.LEVEL if pdl_level is None else pdl_level) > 0
     lv = pdl.level(out.device, pdl_level)
     extra = {"launch_pdl": True} if lv else {}
     kernel[L.grid](xq.q, xq.d, xq.s, *L.tensors, m, p.n, L.ng, xq.q.stride(0), xq.d.stride(0), xq.s.stride(0),
-                   out.stride(0), L.steps, L.splits, *act_args, **L.consts, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1,
-                   ACT=act_kind, num_warps=L.cfg.warps, **extra)
+                   out.stride(0), L.steps, L.splits, *act_args, rs.pop("rs_ptr", out), *rs.pop("scalars"),
+                   *norm_args, **L.consts, PRE=pre, GDC=lv > 0, TRIGGER=lv > 1, ACT=act_kind,
+                   NORM_OUT=norm_out is not None, num_warps=L.cfg.warps, **rs, **extra)
     return out
+
+
+def norm_blocks(p: Packed, m: int, cfg: TileConfig | None = None) -> int:
+    """Column blocks of ``gemv`` over ``p`` at ``m`` rows: the partial sums a ``norm_out`` writes a row."""
+    return triton.cdiv(p.n, (cfg or default_config(p, m)).bn)
 
 
 class Launch(NamedTuple):
