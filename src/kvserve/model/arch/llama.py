@@ -111,7 +111,10 @@ class LlamaBlock(nn.Module):
             a = attn.forward(h, step)
         elif attn.qkv is not None:  # the norm may run inside the projection's kernel (norm_linear)
             qkv, residual = norm_linear(self.attn_norm, attn.qkv, x, residual)
-            a = attn.from_qkv(qkv, step, (residual, self.ffn_norm) if mlp.gate_up is not None else None)
+            # the output projection may do the first half of the feed-forward norm where the
+            # gate/up module does the second (looked up on the class: cheap on every backend)
+            takes = getattr(type(mlp.gate_up), "forward_prenormed_act", None) is not None
+            a = attn.from_qkv(qkv, step, (residual, self.ffn_norm) if takes else None)
         else:
             h, residual = self.attn_norm.forward(x, residual)
             a = attn.forward(h, step)
