@@ -9,7 +9,11 @@ suffixes). Without ``--model`` the tokenizer is that of the random-weight files 
 library's ``encode`` and ``encode_batch_fast``, and by ``Tokenizer.encode`` as the server calls it;
 all the prompts in N threads at once, each thread one prompt a call, by ``encode_batch`` (one
 text) and by ``Tokenizer.encode``; all of them in one ``encode_batch`` and one
-``encode_batch_fast`` call. Medians of 7 repetitions (21 for one prompt), wall ms.
+``encode_batch_fast`` call. ``Tokenizer.encode`` three ways: without the trie of long texts'
+beginnings (``KVSERVE_PREFIX_TOKENS=0``), with an empty trie before each repetition (a burst's
+first round: the shared beginning is new) and with the trie the repetitions before left (the
+burst again); and the next turn of a long conversation (chat-templated text, ``--turns``), after
+its history was encoded. Medians of 7 repetitions (21 for one prompt), wall ms.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ def main() -> int:
     p.add_argument("--model", help="GGUF whose tokenizer to use (default: the random-weight files' vocabulary)")
     p.add_argument("--prompts", type=int, default=64)
     p.add_argument("--threads", default="1,4,8,16,32")
+    p.add_argument("--turns", type=int, default=40, help="turns of the conversation row (~3,000 characters each)")
     args = p.parse_args()
 
+    from kvserve.model import prefix_tokens
     from kvserve.model.gguf_meta import read_gguf
     from kvserve.model.tokenizer import Tokenizer
 
@@ -65,18 +71,45 @@ def main() -> int:
     def server(t: str) -> list[int]:
         return tok.encode(t, True, True)
 
+    def trie(on: bool, fresh: bool, fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            prefix_tokens.ENABLED = on
+            if fresh:
+                tok._prefix.clear()
+            try:
+                return fn()
+            finally:
+                prefix_tokens.ENABLED = True
+        return run
+
+    ways = (("Tokenizer.encode, no trie", False, False), ("Tokenizer.encode, new trie", True, True),
+            ("Tokenizer.encode, trie kept", True, False))
+    want = [server(t) for t in trie(False, True, lambda: texts)()]  # type: ignore[union-attr]
     rows: list[list[object]] = [
         ["one prompt alone", "encode", _median_ms(lambda: hf.encode(texts[0], add_special_tokens=False), 21)],
         ["one prompt alone", "encode_batch_fast",
          _median_ms(lambda: hf.encode_batch_fast([texts[0]], add_special_tokens=False), 21)],
-        ["one prompt alone", "Tokenizer.encode", _median_ms(lambda: server(texts[0]), 21)],
     ]
+    for how, on, fresh in ways:
+        rows.append(["one prompt alone", how, _median_ms(trie(on, fresh, lambda: server(texts[0])), 21)])
+    # a long conversation sent again with one more turn: its history's ids are the trie's
+    history = "".join(f"<|im_start|>user\n{make_text(50 + t, 150)}<|im_end|>\n<|im_start|>assistant\n"
+                      f"{make_text(90 + t, 250)}<|im_end|>\n" for t in range(args.turns))
+    turn = f"{history}<|im_start|>user\n{make_text(7, 40)}<|im_end|>\n<|im_start|>assistant\n"
+    label = f"a conversation's next turn ({len(turn):,} characters, {len(server(turn)):,} tokens)"
+    server(history)
+    for how, on, fresh in ways:
+        rows.append([label, how, _median_ms(trie(on, fresh, lambda: server(turn)), 7)])
+        if fresh:
+            server(history)
     for n in (int(x) for x in args.threads.split(",")):
         with ThreadPoolExecutor(n) as ex:
             list(ex.map(server, texts))
             rows.append([f"all, {n} threads", "encode_batch, one text a call",
                          _median_ms(lambda: list(ex.map(one_text, texts)))])
-            rows.append([f"all, {n} threads", "Tokenizer.encode", _median_ms(lambda: list(ex.map(server, texts)))])
+            for how, on, fresh in ways:
+                assert trie(on, fresh, lambda: list(ex.map(server, texts)))() == want
+                rows.append([f"all, {n} threads", how, _median_ms(trie(on, fresh, lambda: list(ex.map(server, texts))))])
     rows.append(["all, one call", "encode_batch", _median_ms(lambda: hf.encode_batch(texts, add_special_tokens=False))])
     rows.append(["all, one call", "encode_batch_fast",
                  _median_ms(lambda: hf.encode_batch_fast(texts, add_special_tokens=False))])

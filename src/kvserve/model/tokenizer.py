@@ -17,13 +17,15 @@ from __future__ import annotations
 import re
 import struct
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 from tokenizers import AddedToken, Regex
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, normalizers, pre_tokenizers
 
+from kvserve.model import prefix_tokens
+from kvserve.model.prefix_tokens import PrefixTokens
 from kvserve.model.stream_decode import StreamDecoder, utf8_complete_prefix
 from kvserve.model.vocab import (
     _BYTE_TO_CHAR,
@@ -190,11 +192,11 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 RELEASE_GIL_CHARS = 512
 
 
-def _encode_long(hf: HFTokenizer, text: str) -> list[int]:
-    """The library's batch encode of one text (without the interpreter lock), in the variant that
+def _encode_many(hf: HFTokenizer) -> Callable[[list[str]], list[list[int]]]:
+    """The library's batch encode of texts (without the interpreter lock), in the variant that
     skips the offsets where the library has it (``encode_batch_fast``: the same ids)."""
     many = getattr(hf, "encode_batch_fast", None) or hf.encode_batch
-    return many([text], add_special_tokens=False)[0].ids
+    return lambda texts: [e.ids for e in many(texts, add_special_tokens=False)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,6 +216,8 @@ class Tokenizer:
         self._hf = hf  # special tokens written in the text become their ids (parse_special)
         self._hf_literal: HFTokenizer | None = None  # the same, encoding them as text (built on first use)
         self._lock = threading.Lock()  # builds _hf_literal once
+        # long texts' chunk ids, one trie per library object (byte-level BPE only: see prefix_tokens)
+        self._prefix: dict[int, PrefixTokens] = {}
         self._complete_text: dict[bool, dict[int, str]] = {False: {}, True: {}}  # see StreamDecoder
         self._spm = vocab.model == "llama"
         self._pieces: list[bytes] = [vocab.piece_bytes(i) for i in range(len(vocab.tokens))]
@@ -351,13 +355,29 @@ class Tokenizer:
                 # the library's batch encode runs without the interpreter lock (encode holds it):
                 # a long prompt is tokenized while the engine thread and the event loop go on, and
                 # prompts tokenized in several threads at once run in parallel; the variant without
-                # offsets (the same ids) takes 8-10 % less time with eight or sixteen threads at once
-                out += _encode_long(hf, text)
+                # offsets (the same ids) takes 8-10 % less time with eight or sixteen threads at once;
+                # the chunks of its beginning that an earlier text had are not encoded again
+                pt = self._prefix_tokens(hf)
+                out += pt.encode(text) if pt is not None else _encode_many(hf)([text])[0]
             else:
                 out += hf.encode(text, add_special_tokens=False).ids
         if add_special and self.vocab.add_eos:
             out.append(self.eos_id)  # type: ignore[arg-type]
         return out
+
+    def _prefix_tokens(self, hf: HFTokenizer) -> PrefixTokens | None:
+        """``hf``'s trie of chunk ids (made on first use); None for SentencePiece vocabularies,
+        whose texts are not cut, and with ``KVSERVE_PREFIX_TOKENS=0``."""
+        if self._spm or not prefix_tokens.ENABLED:
+            return None
+        pt = self._prefix.get(id(hf))
+        if pt is None:
+            with self._lock:
+                pt = self._prefix.get(id(hf))
+                if pt is None:
+                    added = [t.content for t in hf.get_added_tokens_decoder().values()]
+                    pt = self._prefix[id(hf)] = PrefixTokens(_encode_many(hf), added)
+        return pt
 
     def _literal(self) -> HFTokenizer:
         """The library object with special tokens left as text (parse_special false)."""

@@ -1,0 +1,163 @@
+"""Long texts' beginnings seen before are not encoded again (``prefix_tokens``): the ids stay those
+of the library's encode of the whole text, for every pre-tokenizer, with special tokens parsed or
+not, across chunks, in threads, and after the trie is cleared."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from tokenizers import AddedToken
+
+from kvserve.model import prefix_tokens
+from kvserve.model.prefix_tokens import PrefixTokens
+from kvserve.model.tokenizer import Tokenizer, _encode_many
+from kvserve.model.vocab import PRE_TOKENIZERS
+from tests.unit.test_tokenize_long import _in_threads
+
+# every distinct pre-tokenizer of vocab.py, by one of its names (these where they are one)
+_NAMES = ("default", "gpt-2", "llama3", "qwen2", "smollm", "falcon")
+PRES = sorted({spec: name for name, spec in sorted(PRE_TOKENIZERS.items(), key=lambda kv: kv[0] in _NAMES)}.values())
+PIECES = (
+    "word", "Words", "the", "a", "I", "x", "don't", "we're", "IT'S", "they'LL", "'s", "'", "42", "1234567",
+    "3.14", "é", "naïve", "Straße", "Жук", "λόγος", "中文", "日本語", "😀", "e\u0301", "\u0530x", "ǅ", "_",
+    "x=1;", "(a)", "--", "...", "!?", "#", "$5", "<", ">", "|", "\\", "\t", "\n", "\n\n", "\r\n", " \n", "  ",
+    "   ", " ", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>user", "\u3000", "\u00a0",
+)
+
+
+def _text(rng: random.Random, n: int) -> str:
+    out = []
+    for _ in range(n):
+        out.append(rng.choice(PIECES))
+        out.append(rng.choice((" ", " ", " ", "", "\n", "  ")))
+    return "".join(out)
+
+
+def _tokenizer(meta: dict[str, Any], pre: str) -> Tokenizer:
+    return Tokenizer.from_metadata({**meta, "tokenizer.ggml.pre": pre})
+
+
+@pytest.fixture(scope="module")
+def toks(smollm_meta: dict[str, Any]) -> dict[str, Tokenizer]:
+    return {pre: _tokenizer(smollm_meta, pre) for pre in PRES}
+
+
+def _added(hf: Any) -> list[str]:
+    return [t.content for t in hf.get_added_tokens_decoder().values()]
+
+
+@pytest.mark.parametrize("pre", PRES)
+def test_every_hard_cut_splits_the_encoding_exactly(pre: str, toks: dict[str, Tokenizer]) -> None:
+    """The invariant the trie rests on: encode(X) == encode(X[:b]) + encode(X[b:]) at each hard cut
+    b, whatever the regexes, for both library objects (special tokens parsed and literal)."""
+    tok = toks[pre]
+    rng = random.Random(pre)
+    cuts = 0
+    for hf in (tok._hf, tok._literal()):
+        pt = PrefixTokens(_encode_many(hf), _added(hf))
+        for _ in range(25):
+            x = _text(rng, 60)
+            whole = hf.encode(x, add_special_tokens=False).ids
+            b = pt.cut(x, 0)
+            while b > 0:
+                cuts += 1
+                left = hf.encode(x[:b], add_special_tokens=False).ids
+                right = hf.encode(x[b:], add_special_tokens=False).ids
+                assert left + right == whole, (pre, x, b)
+                b = pt.cut(x, b + 1)
+    assert cuts > 500
+
+
+def test_a_cut_is_a_letter_then_a_space(toks: dict[str, Tokenizer]) -> None:
+    pt = PrefixTokens(_encode_many(toks["gpt-2"]._hf), [])
+    assert pt.cut("ab cd", 0) == 2
+    assert pt.cut("a. 1 c\u00a0d", 0) == -1  # after punctuation, a digit; a no-break space
+    assert pt.cut("中文 x", 0) == -1 and pt.cut("\u0531 y", 0) == -1  # only letters of old, stable blocks
+    assert pt.cut("Жук x", 0) == 3 and pt.cut("ab cd ef", 3) == 5
+
+
+def test_an_added_token_across_a_cut_moves_it(smollm_meta: dict[str, Any]) -> None:
+    """A user-defined token whose text holds a letter and a space ("lo wo") is matched across
+    "hello world": the cut there is not taken, and the ids stay the library's."""
+    tok = _tokenizer(smollm_meta, "smollm")
+    hf = tok._hf
+    hf.add_tokens([AddedToken("lo wo", special=False, normalized=False)])
+    pt = PrefixTokens(_encode_many(hf), _added(hf), chunk=8)
+    assert pt.cut("hello world and more", 0) == 11
+    text = " ".join(["hello world"] * 40)
+    want = hf.encode(text, add_special_tokens=False).ids
+    assert hf.token_to_id("lo wo") in want
+    assert pt.encode(text) == want and pt.encode(text + " again") == hf.encode(text + " again",
+                                                                                add_special_tokens=False).ids
+    assert pt.hits > 0
+
+
+@pytest.mark.parametrize("pre", ["smollm", "qwen2", "llama3", "default"])
+def test_texts_that_share_beginnings_get_the_library_ids(pre: str, toks: dict[str, Tokenizer]) -> None:
+    """Texts built as a conversation is (each the last one and more), and texts that leave a
+    shared beginning at every kind of place (on a cut, next to one, inside a chunk): small chunks,
+    so that each text has dozens."""
+    tok = toks[pre]
+    rng = random.Random(7)
+    for hf in (tok._hf, tok._literal()):
+        pt = PrefixTokens(_encode_many(hf), _added(hf), chunk=12)
+        convo = ""
+        for _ in range(12):
+            convo += _text(rng, rng.randrange(5, 40))
+            assert pt.encode(convo) == hf.encode(convo, add_special_tokens=False).ids
+        base = _text(rng, 200)
+        for _ in range(60):
+            at = rng.randrange(len(base))
+            if rng.random() < 0.3:  # right at a cut or a character off it
+                b = pt.cut(base, at)
+                at = max(0, b + rng.choice((-1, 0, 1))) if b > 0 else at
+            text = base[:at] + _text(rng, rng.randrange(0, 30))
+            assert pt.encode(text) == hf.encode(text, add_special_tokens=False).ids, (pre, at)
+        assert pt.hits > 100
+
+
+def test_the_tokenizer_reuses_a_long_prompt_s_beginning(toks: dict[str, Tokenizer]) -> None:
+    """``Tokenizer.encode`` takes the trie for long texts (BOS and EOS around it as before)."""
+    tok = toks["smollm"]
+    rng = random.Random(3)
+    doc = _text(rng, 1500)
+    assert len(doc) > 4 * prefix_tokens.CHUNK_CHARS
+    for parse_special in (True, False):
+        hf = tok._hf if parse_special else tok._literal()
+        for q in range(4):
+            text = f"{doc}\n\nQuestion {q}: {_text(rng, 10)}"
+            want = hf.encode(text, add_special_tokens=False).ids
+            assert tok.encode(text, add_special=True, parse_special=parse_special) == [tok.bos_id] * tok.add_bos + want
+    assert tok._prefix[id(tok._hf)].hits >= 3 * (len(doc) // prefix_tokens.CHUNK_CHARS - 1)
+
+
+def test_threads_at_once_and_a_cleared_trie(toks: dict[str, Tokenizer]) -> None:
+    """Prompts that share a document, encoded in 16 threads at once by a trie whose budget is
+    smaller than what they would put in it (cleared while others walk it): the library's ids."""
+    hf = toks["qwen2"]._hf
+    rng = random.Random(11)
+    doc = _text(rng, 400)
+    texts = [doc[: rng.randrange(len(doc))] + _text(rng, 20) for _ in range(48)]
+    want = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    for budget in (1 << 18, 300):
+        pt = PrefixTokens(_encode_many(hf), _added(hf), chunk=16, budget=budget)
+        for _ in range(2):
+            assert _in_threads(pt.encode, texts) == want
+        assert pt._held <= budget
+
+
+def test_sentencepiece_vocabularies_and_the_switch(gemma_meta: dict[str, Any], toks: dict[str, Tokenizer],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """No trie for a SentencePiece vocabulary (a space prefix on every stretch of text: a cut
+    would add one), nor with ``KVSERVE_PREFIX_TOKENS=0``."""
+    text = _text(random.Random(5), 600)
+    gemma = Tokenizer.from_metadata(gemma_meta)
+    assert gemma._prefix_tokens(gemma._hf) is None
+    assert gemma.encode(text, False, True) == gemma._hf.encode(text, add_special_tokens=False).ids
+    monkeypatch.setattr(prefix_tokens, "ENABLED", False)
+    fresh = Tokenizer(toks["smollm"].vocab, toks["smollm"]._hf)
+    assert fresh._prefix_tokens(fresh._hf) is None
+    assert fresh.encode(text, False, True) == fresh._hf.encode(text, add_special_tokens=False).ids
+    assert not fresh._prefix
