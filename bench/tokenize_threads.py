@@ -69,6 +69,7 @@ def main() -> int:
         return hf.encode_batch([t], add_special_tokens=False)[0].ids
 
     def server(t: str) -> list[int]:
+        prefix_tokens.TENANT.set("")  # as the server sets it for a request (in this thread's context)
         return tok.encode(t, True, True)
 
     def trie(on: bool, fresh: bool, fn: Callable[[], object]) -> Callable[[], object]:

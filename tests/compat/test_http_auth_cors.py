@@ -44,6 +44,34 @@ def test_api_key_becomes_cache_tenant() -> None:
     assert eng2.submitted[-1].identity.tenant == ""
 
 
+def test_api_key_is_the_tokenizer_tenant() -> None:
+    """Prompts are tokenized as their API key's (``prefix_tokens.TENANT``: the trie of long texts'
+    beginnings is the key's own), short ones on the event loop and long ones in a prepare thread,
+    for completions and chat; a request outside generation (/tokenize) has no tenant (no trie)."""
+    from kvserve.model import prefix_tokens
+
+    c, eng = client(api_keys=("alice", "bob"))
+    seen: list[str | None] = []
+    real = eng.tokenizer.encode
+
+    def encode(text: str, add_special: bool, parse_special: bool) -> list[int]:
+        seen.append(prefix_tokens.TENANT.get())
+        return real(text, add_special, parse_special)
+
+    eng.tokenizer.encode = encode  # type: ignore[method-assign]
+    long = {"stop": ["q" * 3000]}  # a body over PREPARE_IN_THREAD_BYTES: prepared in a thread
+    for key, extra in (("bob", {}), ("alice", long), ("bob", long)):
+        r = c.post("/completion", json={"prompt": "y " * 50, "n_predict": 1, **extra},
+                   headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200 and seen[-1] == key
+    r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "w " * 50}], "max_tokens": 1,
+                                             **long}, headers={"Authorization": "Bearer alice"})
+    assert r.status_code == 200 and seen[-1] == "alice"
+    seen.clear()
+    assert c.post("/tokenize", json={"content": "v " * 50}, headers={"Authorization": "Bearer bob"}).status_code == 200
+    assert seen and set(seen) == {None}
+
+
 def test_cors_echoes_origin_by_default() -> None:
     c, _ = client()
     r = c.get("/health", headers={"Origin": "https://app.example"})

@@ -4,6 +4,7 @@ not, across chunks, in threads, and after the trie is cleared."""
 
 from __future__ import annotations
 
+import contextvars
 import random
 from typing import Any
 
@@ -118,9 +119,18 @@ def test_texts_that_share_beginnings_get_the_library_ids(pre: str, toks: dict[st
         assert pt.hits > 100
 
 
-def test_the_tokenizer_reuses_a_long_prompt_s_beginning(toks: dict[str, Tokenizer]) -> None:
-    """``Tokenizer.encode`` takes the trie for long texts (BOS and EOS around it as before)."""
-    tok = toks["smollm"]
+def _as_tenant(tenant: str | None, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with ``prefix_tokens.TENANT`` set as the server sets it for a request."""
+    def run() -> Any:
+        prefix_tokens.TENANT.set(tenant)
+        return fn(*args)
+    return contextvars.copy_context().run(run)
+
+
+def test_the_tokenizer_reuses_a_long_prompt_s_beginning(smollm_meta: dict[str, Any]) -> None:
+    """``Tokenizer.encode`` takes the trie of the request's tenant for long texts (BOS and EOS
+    around it as before)."""
+    tok = _tokenizer(smollm_meta, "smollm")
     rng = random.Random(3)
     doc = _text(rng, 1500)
     assert len(doc) > 4 * prefix_tokens.CHUNK_CHARS
@@ -129,8 +139,28 @@ def test_the_tokenizer_reuses_a_long_prompt_s_beginning(toks: dict[str, Tokenize
         for q in range(4):
             text = f"{doc}\n\nQuestion {q}: {_text(rng, 10)}"
             want = hf.encode(text, add_special_tokens=False).ids
-            assert tok.encode(text, add_special=True, parse_special=parse_special) == [tok.bos_id] * tok.add_bos + want
-    assert tok._prefix[id(tok._hf)].hits >= 3 * (len(doc) // prefix_tokens.CHUNK_CHARS - 1)
+            got = _as_tenant("", tok.encode, text, True, parse_special)
+            assert got == [tok.bos_id] * tok.add_bos + want
+    assert tok._prefix[(id(tok._hf), "")].hits >= 3 * (len(doc) // prefix_tokens.CHUNK_CHARS - 1)
+
+
+def test_tenants_do_not_share_a_trie(smollm_meta: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the prompt cache, a tenant's texts do not make another's faster: each tenant (API key)
+    has a trie of its own, a text encoded without a tenant has none, and the tries of the most
+    recently seen ``TENANTS`` tenants are kept."""
+    tok = _tokenizer(smollm_meta, "smollm")
+    text = _text(random.Random(4), 1000)
+    want = tok._hf.encode(text, add_special_tokens=False).ids
+    assert tok.encode(text, False, True) == want and not tok._prefix  # no tenant: no trie
+    assert _as_tenant("key-a", tok.encode, text, False, True) == want
+    assert _as_tenant("key-b", tok.encode, text, False, True) == want
+    a, b = tok._prefix[(id(tok._hf), "key-a")], tok._prefix[(id(tok._hf), "key-b")]
+    assert a is not b and a.hits == b.hits == 0  # b did not take a's chunks
+    assert _as_tenant("key-a", tok.encode, text, False, True) == want and a.hits > 0 and b.hits == 0
+    monkeypatch.setattr(prefix_tokens, "TENANTS", 3)
+    for t in ("key-c", "key-d", "key-a"):
+        _as_tenant(t, tok.encode, text, False, True)
+    assert [k[1] for k in tok._prefix] == ["key-c", "key-d", "key-a"]  # b, least recently used, dropped
 
 
 def test_threads_at_once_and_a_cleared_trie(toks: dict[str, Tokenizer]) -> None:

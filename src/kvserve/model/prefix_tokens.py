@@ -22,10 +22,15 @@ Chunks end at the first hard cut at least ``chunk`` characters after the previou
 that agree on a beginning are cut alike through it. SentencePiece vocabularies (a space prefix
 added to every stretch of text) are not cut. The trie is cleared when it holds more than its
 token budget.
+
+As the prompt cache, a trie is not shared across tenants (API keys): a text whose beginning is
+in the trie is encoded faster, and the time would tell one tenant of another's text. The server
+sets ``TENANT`` for the requests it tokenizes; a text encoded without it (None) is encoded whole.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +38,10 @@ from collections.abc import Callable, Iterable, Sequence
 # ``KVSERVE_PREFIX_TOKENS=0``: every text encoded whole
 ENABLED = os.environ.get("KVSERVE_PREFIX_TOKENS", "1") != "0"
 CHUNK_CHARS = 512  # a chunk's least length; texts shorter than two chunks are encoded whole
-# ids kept (as the lists the library returns: ~36 bytes an id, beside the chunks' text): ~5 MiB
+# the tenant whose trie a text's encoding reads and adds to (None: no trie)
+TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_prefix_tenant", default=None)
+TENANTS = 16  # tries kept per library object, the least recently used dropped
+# ids kept a trie (as the lists the library returns: ~36 bytes an id, beside the chunks' text): ~5 MiB
 BUDGET_TOKENS = 1 << 17
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import struct
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
@@ -216,8 +217,9 @@ class Tokenizer:
         self._hf = hf  # special tokens written in the text become their ids (parse_special)
         self._hf_literal: HFTokenizer | None = None  # the same, encoding them as text (built on first use)
         self._lock = threading.Lock()  # builds _hf_literal once
-        # long texts' chunk ids, one trie per library object (byte-level BPE only: see prefix_tokens)
-        self._prefix: dict[int, PrefixTokens] = {}
+        # long texts' chunk ids, one trie per library object and tenant (byte-level BPE only: see
+        # prefix_tokens), the most recently used last
+        self._prefix: OrderedDict[tuple[int, str], PrefixTokens] = OrderedDict()
         self._complete_text: dict[bool, dict[int, str]] = {False: {}, True: {}}  # see StreamDecoder
         self._spm = vocab.model == "llama"
         self._pieces: list[bytes] = [vocab.piece_bytes(i) for i in range(len(vocab.tokens))]
@@ -366,17 +368,27 @@ class Tokenizer:
         return out
 
     def _prefix_tokens(self, hf: HFTokenizer) -> PrefixTokens | None:
-        """``hf``'s trie of chunk ids (made on first use); None for SentencePiece vocabularies,
-        whose texts are not cut, and with ``KVSERVE_PREFIX_TOKENS=0``."""
-        if self._spm or not prefix_tokens.ENABLED:
+        """``hf``'s trie of chunk ids for the tenant of ``prefix_tokens.TENANT`` (made on first
+        use); None without a tenant, for SentencePiece vocabularies (whose texts are not cut)
+        and with ``KVSERVE_PREFIX_TOKENS=0``."""
+        tenant = prefix_tokens.TENANT.get()
+        if tenant is None or self._spm or not prefix_tokens.ENABLED:
             return None
-        pt = self._prefix.get(id(hf))
-        if pt is None:
-            with self._lock:
-                pt = self._prefix.get(id(hf))
-                if pt is None:
-                    added = [t.content for t in hf.get_added_tokens_decoder().values()]
-                    pt = self._prefix[id(hf)] = PrefixTokens(_encode_many(hf), added)
+        key = (id(hf), tenant)
+        pt = self._prefix.get(key)  # no lock to find one (each dict call is atomic)
+        if pt is not None:
+            try:
+                self._prefix.move_to_end(key)
+            except KeyError:  # dropped by another thread meanwhile: this encode still uses it
+                pass
+            return pt
+        with self._lock:
+            pt = self._prefix.get(key)
+            if pt is None:
+                added = [t.content for t in hf.get_added_tokens_decoder().values()]
+                pt = self._prefix[key] = PrefixTokens(_encode_many(hf), added)
+                while len(self._prefix) > prefix_tokens.TENANTS:
+                    self._prefix.popitem(last=False)
         return pt
 
     def _literal(self) -> HFTokenizer:

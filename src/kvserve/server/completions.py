@@ -25,6 +25,7 @@ from starlette.responses import Response
 
 from kvserve.engine.request import CacheIdentity, ErrorEvent, GenerationRequest
 from kvserve.engine.slots import prompt_key
+from kvserve.model import prefix_tokens
 from kvserve.server import anthropic_out, responses_out, sse
 from kvserve.server import responses as R
 from kvserve.server.anthropic import anthropic_to_chat
@@ -212,6 +213,9 @@ async def handle(request: Request, kind: Kind, body: dict[str, Any]) -> Response
     t_received = time.perf_counter()  # the body is read and parsed; validation and tokenization follow
     engine: EngineAPI = request.app.state.engine
     s: ServerSettings = request.app.state.settings
+    # long prompts' beginnings are kept for this tenant's next requests (its own trie, as its
+    # own prompt cache); the request's task has a context of its own, which its thread copies
+    prefix_tokens.TENANT.set(tenant_of(request))
     if len(await request.body()) >= PREPARE_IN_THREAD_BYTES:
         # a long prompt: tokenized in a worker thread (the tokenizer releases the interpreter
         # lock for long texts), so the requests of a burst are tokenized in parallel while the
