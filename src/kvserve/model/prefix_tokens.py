@@ -40,8 +40,8 @@ ENABLED = os.environ.get("KVSERVE_PREFIX_TOKENS", "1") != "0"
 CHUNK_CHARS = 512  # a chunk's least length; texts shorter than two chunks are encoded whole
 # the tenant whose trie a text's encoding reads and adds to (None: no trie)
 TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_prefix_tenant", default=None)
-TENANTS = 16  # tries kept per library object, the least recently used dropped
-# ids kept a trie (as the lists the library returns: ~36 bytes an id, beside the chunks' text): ~5 MiB
+TENANTS = 16  # tries a tokenizer keeps (a tenant's for each library object), the least recently used dropped
+# ids a trie keeps (as the lists the library returns: ~36 bytes an id, beside the chunks' text): ~5 MiB
 BUDGET_TOKENS = 1 << 17
 
 
