@@ -6,7 +6,8 @@
 # capture; one per tree instead of one per workload and tree fits a short device run.
 #   TREES="base=old/src now=src now:KVSERVE_X=0=src" OUT=/tmp/out bash bench/server_trees.sh
 # A tree is NAME=SRC (its kvserve on PYTHONPATH first, then $LIBS), NAME:VAR=VALUE=SRC sets VAR in
-# its server's environment; a name ending in "-bursts" runs only the bursts. SHAPE is the
+# its server's environment (NAME:VAR=VALUE,VAR2=VALUE2=SRC several, values without commas); a name
+# ending in "-bursts" runs only the bursts. SHAPE is the
 # random-weight model (default the 1B shape), STREAMS_N the tokens per stream (default 256).
 # Output: $OUT/streams-NAME.log, $OUT/burst-NAME.log, $OUT/server-NAME.log.
 set -u
@@ -24,7 +25,7 @@ for TREE in $TREES; do
   SRC=${TREE##*=}; HEAD=${TREE%=*}; NAME=${HEAD%%:*}; SET=; [[ "$HEAD" == *:* ]] && SET=${HEAD#*:}
   PORT=$($PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
   U=http://127.0.0.1:$PORT
-  (export PYTHONPATH="$SRC${LIBS:+:$LIBS}"; [ -n "$SET" ] && export "$SET"
+  (export PYTHONPATH="$SRC${LIBS:+:$LIBS}"; IFS=, read -ra VARS <<< "$SET"; for V in "${VARS[@]}"; do export "$V"; done
    exec $PY -m kvserve -m "$M" -c 262144 -np 64 --metrics --port "$PORT") > "$OUT/server-$NAME.log" 2>&1 &
   P=$!
   $PY -c "import time, urllib.request as u
