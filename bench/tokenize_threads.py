@@ -76,7 +76,7 @@ def main() -> int:
         def run() -> object:
             prefix_tokens.ENABLED = on
             if fresh:
-                tok._prefix.clear()
+                tok.forget_prefixes()
             try:
                 return fn()
             finally:

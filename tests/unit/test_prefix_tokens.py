@@ -161,6 +161,32 @@ def test_tenants_do_not_share_a_trie(smollm_meta: dict[str, Any], monkeypatch: p
     for t in ("key-c", "key-d", "key-a"):
         _as_tenant(t, tok.encode, text, False, True)
     assert [k[1] for k in tok._prefix] == ["key-c", "key-d", "key-a"]  # b, least recently used, dropped
+    assert b._retired and b._held == 0
+    assert tok._prefix_budget.held == sum(pt._held for pt in tok._prefix.values()) > 0
+    tok.forget_prefixes()
+    assert not tok._prefix and tok._prefix_budget.held == 0
+
+
+def test_tenants_share_one_budget(smollm_meta: dict[str, Any]) -> None:
+    """The ids of all of a tokenizer's tries count against one budget: tenants that each send
+    more than a share of it never hold more than it together (the least recently used tenants'
+    tries go first), and the ids stay the library's."""
+    tok = _tokenizer(smollm_meta, "smollm")
+    tok._prefix_budget.limit = 3000
+    rng = random.Random(8)
+    for _ in range(3):
+        for t in range(5):
+            text = _text(rng, 600)
+            want = tok._hf.encode(text, add_special_tokens=False).ids
+            assert _as_tenant(f"key-{t}", tok.encode, text, False, True) == want
+            held = sum(pt._held for pt in tok._prefix.values())
+            assert held == tok._prefix_budget.held <= 3000
+            assert tok._prefix[(id(tok._hf), f"key-{t}")]._held > 0  # the tenant just seen keeps its own
+    before = {k: pt._held for k, pt in tok._prefix.items()}
+    text = _text(rng, 3000)  # more than the whole budget: not kept, and nothing else dropped for it
+    assert _as_tenant("key-big", tok.encode, text, False, True) == tok._hf.encode(text, add_special_tokens=False).ids
+    assert tok._prefix[(id(tok._hf), "key-big")]._held == 0
+    assert {k: pt._held for k, pt in tok._prefix.items() if k[1] != "key-big"} == before
 
 
 def test_threads_at_once_and_a_cleared_trie(toks: dict[str, Tokenizer]) -> None:
@@ -172,7 +198,7 @@ def test_threads_at_once_and_a_cleared_trie(toks: dict[str, Tokenizer]) -> None:
     texts = [doc[: rng.randrange(len(doc))] + _text(rng, 20) for _ in range(48)]
     want = [hf.encode(t, add_special_tokens=False).ids for t in texts]
     for budget in (1 << 18, 300):
-        pt = PrefixTokens(_encode_many(hf), _added(hf), chunk=16, budget=budget)
+        pt = PrefixTokens(_encode_many(hf), _added(hf), chunk=16, limit=budget)
         for _ in range(2):
             assert _in_threads(pt.encode, texts) == want
         assert pt._held <= budget

@@ -20,8 +20,8 @@ model, every pre-tokenizer of ``vocab.PRE_TOKENIZERS``) encoding is exact across
 
 Chunks end at the first hard cut at least ``chunk`` characters after the previous one, so texts
 that agree on a beginning are cut alike through it. SentencePiece vocabularies (a space prefix
-added to every stretch of text) are not cut. The trie is cleared when it holds more than its
-token budget.
+added to every stretch of text) are not cut. A trie is cleared when it would hold more than its
+share of the tokenizer's budget of ids.
 
 As the prompt cache, a trie is not shared across tenants (API keys): a text whose beginning is
 in the trie is encoded faster, and the time would tell one tenant of another's text. The server
@@ -41,7 +41,8 @@ CHUNK_CHARS = 512  # a chunk's least length; texts shorter than two chunks are e
 # the tenant whose trie a text's encoding reads and adds to (None: no trie)
 TENANT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvserve_prefix_tenant", default=None)
 TENANTS = 16  # tries a tokenizer keeps (a tenant's for each library object), the least recently used dropped
-# ids a trie keeps (as the lists the library returns: ~36 bytes an id, beside the chunks' text): ~5 MiB
+# ids a tokenizer's tries keep together (as the lists the library returns: ~36 bytes an id, beside
+# the chunks' text): ~5 MiB
 BUDGET_TOKENS = 1 << 17
 
 
@@ -59,15 +60,30 @@ class _Node:
         self.ids = ids
 
 
+class Budget:
+    """The ids that several tries (a tokenizer's, one a tenant) may hold together. ``evict(keep)``
+    drops the least recently used trie other than ``keep`` (False: none is left)."""
+
+    def __init__(self, limit: int = BUDGET_TOKENS, evict: Callable[[PrefixTokens], bool] | None = None) -> None:
+        self.limit = limit
+        self.held = 0
+        self.lock = threading.Lock()
+        self.evict = evict
+
+
 class PrefixTokens:
     """Encodes texts with ``encode_many`` (a list of texts → their id lists, the library's batch
-    call), reusing the ids of chunks seen before. ``added`` are the added tokens' texts."""
+    call), reusing the ids of chunks seen before. ``added`` are the added tokens' texts; the ids
+    kept count against ``budget`` (shared with other tries, or this trie's own of ``limit`` ids):
+    new chunks that would pass it first drop the other tries, least recently used first, and
+    where they still would, this trie is cleared instead."""
 
     def __init__(self, encode_many: Callable[[list[str]], Sequence[Sequence[int]]], added: Iterable[str],
-                 chunk: int = CHUNK_CHARS, budget: int = BUDGET_TOKENS) -> None:
+                 chunk: int = CHUNK_CHARS, budget: Budget | None = None, limit: int = BUDGET_TOKENS) -> None:
         self._encode_many = encode_many
         self._chunk = chunk
-        self._budget = budget
+        self._budget = budget or Budget(limit)
+        self._retired = False
         # (text, offset of its letter-space pair) of the added tokens that could lie across a cut
         self._spanning = [
             (t, j) for t in set(added) for j in range(len(t) - 1) if t[j + 1] == " " and _stable_letter(t[j])
@@ -132,18 +148,41 @@ class PrefixTokens:
     def _insert(self, gen: int, node: _Node, text: str, starts: list[int], cuts: list[int],
                 parts: Sequence[Sequence[int]]) -> None:
         """The chunks ending at ``cuts`` (ids ``parts``) under ``node``."""
-        with self._lock:
-            if gen != self._gen:
-                return  # the trie was cleared since the walk: its node is no longer in it
-            if self._held + sum(len(p) for p in parts[: len(cuts)]) > self._budget:
-                self._root = _Node([])
-                self._held = 0
-                self._gen += 1
-                return
-            for a, b, ids in zip(starts, cuts, parts):
-                key = text[a:b]
-                child = node.children.get(key)
-                if child is None:
-                    child = node.children[key] = _Node(list(ids))
-                    self._held += len(ids)
-                node = child
+        need = sum(len(p) for p in parts[: len(cuts)])
+        budget = self._budget
+        if need > budget.limit:
+            return  # more than all of it: nothing dropped for chunks that cannot be kept
+        while True:
+            with self._lock, budget.lock:
+                if gen != self._gen or self._retired:
+                    return  # the trie was cleared since the walk (its node is no longer in it), or dropped
+                if budget.held + need <= budget.limit:
+                    for a, b, ids in zip(starts, cuts, parts):
+                        key = text[a:b]
+                        child = node.children.get(key)
+                        if child is None:
+                            child = node.children[key] = _Node(list(ids))
+                            self._held += len(ids)
+                            budget.held += len(ids)
+                        node = child
+                    return
+            # (no lock held: dropping a trie takes its own)
+            if budget.evict is None or not budget.evict(self):
+                break
+        with self._lock, budget.lock:
+            if gen == self._gen:
+                self._clear()  # the next text fills it again
+
+    def _clear(self) -> None:
+        """Empties the trie, its ids given back to the budget (both locks held)."""
+        self._budget.held -= self._held
+        self._root = _Node([])
+        self._held = 0
+        self._gen += 1
+
+    def retire(self) -> None:
+        """The trie is dropped (its tenant's, least recently used): its ids go back to the budget,
+        and an encode still walking it adds nothing more."""
+        with self._lock, self._budget.lock:
+            self._clear()
+            self._retired = True

@@ -220,6 +220,7 @@ class Tokenizer:
         # long texts' chunk ids, one trie per library object and tenant (byte-level BPE only: see
         # prefix_tokens), the most recently used last
         self._prefix: OrderedDict[tuple[int, str], PrefixTokens] = OrderedDict()
+        self._prefix_budget = prefix_tokens.Budget(evict=self._drop_lru_prefix)  # the ids all of them keep
         self._complete_text: dict[bool, dict[int, str]] = {False: {}, True: {}}  # see StreamDecoder
         self._spm = vocab.model == "llama"
         self._pieces: list[bytes] = [vocab.piece_bytes(i) for i in range(len(vocab.tokens))]
@@ -386,10 +387,28 @@ class Tokenizer:
             pt = self._prefix.get(key)
             if pt is None:
                 added = [t.content for t in hf.get_added_tokens_decoder().values()]
-                pt = self._prefix[key] = PrefixTokens(_encode_many(hf), added)
+                pt = self._prefix[key] = PrefixTokens(_encode_many(hf), added, budget=self._prefix_budget)
                 while len(self._prefix) > prefix_tokens.TENANTS:
-                    self._prefix.popitem(last=False)
+                    self._prefix.popitem(last=False)[1].retire()
         return pt
+
+    def _drop_lru_prefix(self, keep: PrefixTokens) -> bool:
+        """Drops the least recently used trie but ``keep`` (the budget's ``evict``)."""
+        with self._lock:
+            for key, pt in self._prefix.items():
+                if pt is not keep:
+                    del self._prefix[key]
+                    break
+            else:
+                return False
+        pt.retire()
+        return True
+
+    def forget_prefixes(self) -> None:
+        """Drops every trie of long texts' beginnings (their ids back to the budget)."""
+        with self._lock:
+            while self._prefix:
+                self._prefix.popitem()[1].retire()
 
     def _literal(self) -> HFTokenizer:
         """The library object with special tokens left as text (parse_special false)."""
