@@ -217,3 +217,22 @@ def test_sentencepiece_vocabularies_and_the_switch(gemma_meta: dict[str, Any], t
     assert fresh._prefix_tokens(fresh._hf) is None
     assert fresh.encode(text, False, True) == fresh._hf.encode(text, add_special_tokens=False).ids
     assert not fresh._prefix
+
+
+def test_tenants_in_threads_under_a_small_budget(smollm_meta: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+                                                 ) -> None:
+    """Sixteen threads, six tenants, two kept, a budget a few texts fill: tries dropped and
+    cleared under the threads that walk them give the library's ids, and the budget still counts
+    exactly what the kept tries hold."""
+    tok = _tokenizer(smollm_meta, "smollm")
+    tok._prefix_budget.limit = 2000
+    monkeypatch.setattr(prefix_tokens, "TENANTS", 2)
+    rng = random.Random(9)
+    docs = [_text(rng, 500) for _ in range(3)]
+    texts = [docs[i % 3][: rng.randrange(1500, len(docs[i % 3]))] + _text(rng, 10) for i in range(48)]
+    want = [tok._hf.encode(t, add_special_tokens=False).ids for t in texts]
+    got = _in_threads(lambda it: _as_tenant(f"key-{it[0] % 6}", tok.encode, it[1], False, True),
+                      list(enumerate(texts)))
+    assert got == want
+    assert len(tok._prefix) <= 2
+    assert tok._prefix_budget.held == sum(pt._held for pt in tok._prefix.values()) <= 2000

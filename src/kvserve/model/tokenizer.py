@@ -395,9 +395,9 @@ class Tokenizer:
     def _drop_lru_prefix(self, keep: PrefixTokens) -> bool:
         """Drops the least recently used trie but ``keep`` (the budget's ``evict``)."""
         with self._lock:
-            for key, pt in self._prefix.items():
-                if pt is not keep:
-                    del self._prefix[key]
+            # a copy (one C call): other threads move entries to the end without the lock
+            for key, pt in list(self._prefix.items()):
+                if pt is not keep and self._prefix.pop(key, None) is pt:
                     break
             else:
                 return False
