@@ -216,7 +216,7 @@ class Tokenizer:
         hf.encode_special_tokens = False
         self._hf = hf  # special tokens written in the text become their ids (parse_special)
         self._hf_literal: HFTokenizer | None = None  # the same, encoding them as text (built on first use)
-        self._lock = threading.Lock()  # builds _hf_literal once
+        self._lock = threading.Lock()  # builds _hf_literal once; adds and drops tries (below)
         # long texts' chunk ids, one trie per library object and tenant (byte-level BPE only: see
         # prefix_tokens), the most recently used last
         self._prefix: OrderedDict[tuple[int, str], PrefixTokens] = OrderedDict()
