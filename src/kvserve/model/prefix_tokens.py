@@ -20,8 +20,9 @@ model, every pre-tokenizer of ``vocab.PRE_TOKENIZERS``) encoding is exact across
 
 Chunks end at the first hard cut at least ``chunk`` characters after the previous one, so texts
 that agree on a beginning are cut alike through it. SentencePiece vocabularies (a space prefix
-added to every stretch of text) are not cut. A trie is cleared when it would hold more than its
-share of the tokenizer's budget of ids.
+added to every stretch of text) are not cut. A tokenizer's tries keep at most ``BUDGET_TOKENS``
+ids together: new chunks that would pass it drop the least recently used other tries first, then
+their own trie's contents, and chunks larger than all of it are not kept.
 
 As the prompt cache, a trie is not shared across tenants (API keys): a text whose beginning is
 in the trie is encoded faster, and the time would tell one tenant of another's text. The server
