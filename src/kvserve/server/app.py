@@ -24,6 +24,7 @@ from kvserve.mcp import McpManager
 from kvserve.server import agent_tools, cors_proxy, routes_generate, routes_misc, sleep, vertex, webui
 from kvserve.server.engine_api import EngineAPI
 from kvserve.server.errors import ApiError, invalid, not_found_body
+from kvserve.server.fast_routes import FastRoutes
 from kvserve.server.jsonio import JSONResponse, error_response
 from kvserve.server.middleware import LlamaMiddleware
 from kvserve.server.schemas import install_openapi
@@ -91,6 +92,8 @@ def create_app(engine: EngineAPI, cfg: Any, mcp: McpManager | None = None) -> Fa
 
     install_openapi(app)
     sleep.install(app, engine, s)
+    # innermost: the generation routes' POSTs go from the sleep gate to their handlers
+    app.add_middleware(FastRoutes, routes=routes_generate.generation_routes(s.api_prefix))
     app.add_middleware(SleepGate, engine=engine, settings=s, routes=app.routes)  # inside the API-key check
     app.add_middleware(LlamaMiddleware, settings=s, is_ready=lambda: bool(engine.ready))
     return app

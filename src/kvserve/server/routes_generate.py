@@ -3,6 +3,8 @@ completions.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
@@ -43,43 +45,61 @@ async def cors_proxy_endpoint(request: Request) -> Response:
     return await cors_proxy.proxy(request)
 
 
+async def completion(request: Request) -> Response:
+    """Native completion; several prompts give an array of results."""
+    return await handle(request, Kind.NATIVE, await read_object(request))
+
+
+async def oai_completion(request: Request) -> Response:
+    """OpenAI text completion (``choices[].text``), SSE ends with ``data: [DONE]``."""
+    return await handle(request, Kind.OAI_COMPLETION, await read_object(request))
+
+
+async def chat_completion(request: Request) -> Response:
+    """OpenAI chat completion."""
+    return await handle(request, Kind.OAI_CHAT, await read_object(request))
+
+
+async def oai_responses(request: Request) -> Response:
+    """OpenAI Responses (run as a chat completion); SSE events named ``response.*``."""
+    return await handle(request, Kind.OAI_RESP, await read_object(request))
+
+
+async def anthropic_messages(request: Request) -> Response:
+    """Anthropic Messages (run as a chat completion); SSE ``message_start`` … ``message_stop``."""
+    return await handle(request, Kind.ANTHROPIC, await read_object(request))
+
+
+async def infill(request: Request) -> Response:
+    """Fill-in-the-middle (needs the model's FIM tokens); native completion format."""
+    return await handle(request, Kind.INFILL, await read_object(request))
+
+
+# The routes that run the model: (path, handler, request body documented, tags, in the API description).
+# Their POSTs skip FastAPI's routing (server/fast_routes.py); these are the handlers both ways.
+GENERATION: tuple[tuple[str, Any, Any, str, bool], ...] = (
+    ("/completion", completion, CompletionRequest, "llama.cpp", True),
+    ("/completions", completion, CompletionRequest, "llama.cpp", False),
+    ("/v1/completions", oai_completion, CompletionRequest, "OpenAI", True),
+    ("/v1/chat/completions", chat_completion, ChatCompletionRequest, "OpenAI", True),
+    ("/chat/completions", chat_completion, ChatCompletionRequest, "OpenAI", False),
+    ("/v1/responses", oai_responses, ResponsesRequest, "OpenAI", True),
+    ("/responses", oai_responses, ResponsesRequest, "OpenAI", False),
+    ("/v1/messages", anthropic_messages, AnthropicMessagesRequest, "Anthropic", True),
+    ("/infill", infill, InfillRequest, "llama.cpp", True),
+)
+
+
+def generation_routes(prefix: str) -> dict[str, Any]:
+    """Full path -> handler of the routes that run the model."""
+    return {prefix + path: handler for path, handler, *_ in GENERATION}
+
+
 def make_router(prefix: str) -> APIRouter:
     r = APIRouter(prefix=prefix)
-
-    @r.post("/completion", openapi_extra=doc_body(CompletionRequest), tags=["llama.cpp"])
-    @r.post("/completions", openapi_extra=doc_body(CompletionRequest), tags=["llama.cpp"],
-            include_in_schema=False)
-    async def completion(request: Request) -> Response:
-        """Native completion; several prompts give an array of results."""
-        return await handle(request, Kind.NATIVE, await read_object(request))
-
-    @r.post("/v1/completions", openapi_extra=doc_body(CompletionRequest), tags=["OpenAI"])
-    async def oai_completion(request: Request) -> Response:
-        """OpenAI text completion (``choices[].text``), SSE ends with ``data: [DONE]``."""
-        return await handle(request, Kind.OAI_COMPLETION, await read_object(request))
-
-    @r.post("/v1/chat/completions", openapi_extra=doc_body(ChatCompletionRequest), tags=["OpenAI"])
-    @r.post("/chat/completions", openapi_extra=doc_body(ChatCompletionRequest), tags=["OpenAI"],
-            include_in_schema=False)
-    async def chat_completion(request: Request) -> Response:
-        """OpenAI chat completion."""
-        return await handle(request, Kind.OAI_CHAT, await read_object(request))
-
-    @r.post("/v1/responses", openapi_extra=doc_body(ResponsesRequest), tags=["OpenAI"])
-    @r.post("/responses", openapi_extra=doc_body(ResponsesRequest), tags=["OpenAI"], include_in_schema=False)
-    async def oai_responses(request: Request) -> Response:
-        """OpenAI Responses (run as a chat completion); SSE events named ``response.*``."""
-        return await handle(request, Kind.OAI_RESP, await read_object(request))
-
-    @r.post("/v1/messages", openapi_extra=doc_body(AnthropicMessagesRequest), tags=["Anthropic"])
-    async def anthropic_messages(request: Request) -> Response:
-        """Anthropic Messages (run as a chat completion); SSE ``message_start`` … ``message_stop``."""
-        return await handle(request, Kind.ANTHROPIC, await read_object(request))
-
-    @r.post("/infill", openapi_extra=doc_body(InfillRequest), tags=["llama.cpp"])
-    async def infill(request: Request) -> Response:
-        """Fill-in-the-middle (needs the model's FIM tokens); native completion format."""
-        return await handle(request, Kind.INFILL, await read_object(request))
+    for path, handler, schema, tag, documented in GENERATION:
+        r.add_api_route(path, handler, methods=["POST"], openapi_extra=doc_body(schema), tags=[tag],
+                        include_in_schema=documented)
 
     @r.post("/embedding", openapi_extra=doc_body(EmbeddingRequest), tags=["llama.cpp"])
     @r.post("/embeddings", openapi_extra=doc_body(EmbeddingRequest), tags=["llama.cpp"],
