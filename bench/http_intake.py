@@ -151,10 +151,14 @@ def main() -> int:
     rows = []
     for rnd in range(args.rounds):
         for name, src in trees:
-            env = dict(os.environ, PYTHONPATH=src)
+            rest = os.environ.get("PYTHONPATH", "")  # the tree first, then the libraries
+            env = dict(os.environ, PYTHONPATH=src + (os.pathsep + rest if rest else ""))
             cmd = [sys.executable, os.path.abspath(__file__), "--child", model, "--reps", str(args.reps)]
-            out = subprocess.run(cmd + (["--inline"] if args.inline else []), env=env, check=True,
-                                 capture_output=True, text=True).stdout
+            proc = subprocess.run(cmd + (["--inline"] if args.inline else []), env=env, capture_output=True,
+                                  text=True)
+            if proc.returncode:
+                sys.exit(f"{name}: the burst failed\n{proc.stderr}")
+            out = proc.stdout
             res = json.loads(out.strip().splitlines()[-1])
             rows.append([rnd + 1, name, round(statistics.median(res["mean"]), 2),
                          round(statistics.median(res["last"]), 2), round(min(res["mean"]), 2),

@@ -195,10 +195,21 @@ def main(argv: list[str] | None = None) -> None:
         from .engine_process import engine_process, text_side_or_exit
         from .server.remote_engine import RemoteEngine
 
-        remote = RemoteEngine(n_slots, engine_process, (list(argv), log_args), lambda: text_side_or_exit(cfg))
+        from .server import http_workers
+        from .server.settings import ServerSettings
+
+        n_http = http_workers.wanted(ServerSettings.from_config(cfg, n_slots=n_slots), True)
+        remote = RemoteEngine(n_slots, engine_process, (list(argv), log_args), lambda: text_side_or_exit(cfg),
+                              workers=n_http)
         logging.getLogger("kvserve").info("engine process started (pid %d)", remote.process.pid)
+
+        def more_http(port: int) -> http_workers.Workers:
+            w = http_workers.Workers()
+            w.start(remote.worker_conns, n_slots, list(argv), log_args, port)
+            return w
+
         try:
-            serve(remote, cfg)
+            serve(remote, cfg, more_http if n_http > 1 else None)
         except ToolSetupError as e:
             print(f"tools setup failed: {e}", file=sys.stderr, flush=True)
             os._exit(1)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 from .config import Config, ConfigError, load_config
@@ -55,10 +57,11 @@ def text_side(cfg: Config) -> tuple[Any, Any]:
     return tokenizer, template
 
 
-def engine_process(conn: Any, argv: list[str], log_args: dict[str, Any]) -> None:
+def engine_process(conn: Any, argv: list[str], log_args: dict[str, Any], more: Sequence[Any] = ()) -> None:
     """The engine process (``KVSERVE_ENGINE_PROCESS``): the configuration of ``argv`` (and the
     environment, inherited), load, start, then serve the engine to the HTTP process over
-    ``conn`` until it closes."""
+    ``conn`` until it closes, and to the other HTTP processes (``server/http_workers``) over
+    ``more`` meanwhile."""
     logging.basicConfig(**log_args)
     cfg = load_config(argv, os.environ)
     from .__main__ import build_engine
@@ -77,6 +80,8 @@ def engine_process(conn: Any, argv: list[str], log_args: dict[str, Any]) -> None
         os._exit(1)
     set_process_compiler(lambda: engine.grammar_compiler)
     freeze()
+    for i, other in enumerate(more):
+        threading.Thread(target=EngineHost(engine, other).serve, name=f"kvserve-host-{i + 1}", daemon=True).start()
     EngineHost(engine, conn).serve()
     engine.stop()
     from .engine import ttft_trace

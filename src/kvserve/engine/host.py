@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .errors import EngineError
+from .request import ErrorEvent, FinalEvent
 
 log = logging.getLogger("kvserve")
 
@@ -67,9 +68,12 @@ class EngineHost:
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._send_lock = threading.Lock()
         self._sender = threading.Thread(target=self._send_events, name="kvserve-events", daemon=True)
+        self._running: set[int] = set()  # requests submitted here without their terminal event yet
 
     def emit(self, ev: Any) -> None:
         """Every request's emit (engine thread): queued for the sender thread."""
+        if isinstance(ev, (FinalEvent, ErrorEvent)):
+            self._running.discard(ev.request_id)
         self._out.put(ev)
 
     def _send(self, msg: Any) -> None:
@@ -107,6 +111,7 @@ class EngineHost:
                     return
                 kind = msg[0]
                 if kind == "submit":
+                    self._running.add(msg[1].id)
                     engine.submit(msg[1], self.emit)
                 elif kind == "cancel":
                     engine.cancel(msg[1])
@@ -120,6 +125,10 @@ class EngineHost:
                 else:
                     log.warning("engine process: unknown message %r", kind)
         finally:
+            # the other side is gone (an HTTP process of several ended): nobody reads its
+            # requests' events any more
+            for rid in list(self._running):
+                engine.cancel(rid)
             self._out.put(None)
 
     def _call(self, call_id: int, name: str, args: tuple) -> None:

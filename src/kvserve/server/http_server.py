@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
@@ -71,17 +71,25 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, mcp: McpManager) -> None:
         super().__init__(config)
         self.mcp = mcp
+        self.others: Any = None  # the other HTTP processes (``http_workers.Workers``), ended first
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # (uvicorn raises the signal that stopped it again once it has shut down: what must end
+        # with the server ends here, not after ``run``)
+        if self.others is not None:
+            self.others.terminate()
         await self.mcp.shutdown()
         await super().shutdown(sockets)
+        if self.others is not None:
+            await asyncio.to_thread(self.others.stop)
 
 
-def build_server(engine: EngineAPI, cfg: Any, *, warm_up: bool = False
-                 ) -> tuple[uvicorn.Server, list[socket.socket], ServerSettings]:
+def build_server(engine: EngineAPI, cfg: Any, *, warm_up: bool = False, port: int | None = None,
+                 reuse_port: bool = False) -> tuple[uvicorn.Server, list[socket.socket], ServerSettings]:
     """The uvicorn server and its bound sockets (``await server.serve(sockets=...)`` to run
     inside an existing event loop). ``warm_up`` (outside any running loop): the MCP servers'
-    tools are discovered first."""
+    tools are discovered first. ``port`` instead of ``--port``; ``reuse_port``: bound with
+    ``SO_REUSEPORT`` even without ``--reuse-port`` (several HTTP processes, ``http_workers``)."""
     s = settings_for(engine, cfg)
     mcp = McpManager(s.mcp_servers)
     if warm_up and mcp.configured:
@@ -98,15 +106,19 @@ def build_server(engine: EngineAPI, cfg: Any, *, warm_up: bool = False
         http=http_wire.protocol_class(),  # httptools, header names kept as llama-server's
         **s.tls,  # --ssl-key-file and --ssl-cert-file: HTTPS
     )
-    sockets = bind_sockets(s.host, s.port, s.reuse_port)
+    sockets = bind_sockets(s.host, s.port if port is None else port, s.reuse_port or reuse_port)
     return _Server(config, mcp), sockets, s
 
 
-def serve(engine: EngineAPI, cfg: Any) -> None:
-    """Serve until SIGINT/SIGTERM (blocking)."""
-    server, sockets, s = build_server(engine, cfg, warm_up=True)
+def serve(engine: EngineAPI, cfg: Any, workers: Callable[[int], Any] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (blocking). ``workers``: more HTTP processes to start once the
+    port is bound (``http_workers``; called with the port, it returns what to ``stop()`` first
+    at the end)."""
+    server, sockets, s = build_server(engine, cfg, warm_up=True, reuse_port=workers is not None)
     for sock in sockets:
         log.info("server is listening on %s", listen_url(sock, bool(s.tls)) + s.api_prefix)
+    if workers is not None and isinstance(server, _Server):
+        server.others = workers(sockets[0].getsockname()[1])
     if not s.ui:
         log.info("the Web UI is disabled (--ui / --no-ui)")
     if s.cors_origins == "*" and not s.api_keys:
@@ -114,6 +126,8 @@ def serve(engine: EngineAPI, cfg: Any) -> None:
     try:
         server.run(sockets=sockets)
     finally:
+        if getattr(server, "others", None) is not None:
+            server.others.stop()  # (run ended without a signal)
         for sock in sockets:
             sock.close()
         registry = getattr(server.config.app.state, "agent_tools", None)

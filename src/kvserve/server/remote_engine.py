@@ -30,6 +30,7 @@ from typing import Any, Callable
 from kvserve.engine.errors import EngineError
 from kvserve.engine.host import CALLS
 from kvserve.engine.request import Emit, ErrorEvent, FinalEvent, GenerationRequest
+from kvserve.model import heap
 
 log = logging.getLogger("kvserve")
 
@@ -66,8 +67,14 @@ class RemoteEngine:
     """Starts the engine process (``target(conn, *args)``, a spawned process) and stands for its
     engine. ``text_side()`` builds (tokenizer, chat template) here; ``ready`` once both are up."""
 
-    def __init__(self, n_slots: int, target: Callable[..., None], args: tuple,
-                 text_side: Callable[[], tuple[Any, Any]], on_exit: Callable[[int], None] | None = None) -> None:
+    def __init__(self, n_slots: int, target: Callable[..., None] | None, args: tuple,
+                 text_side: Callable[[], tuple[Any, Any]], on_exit: Callable[[int], None] | None = None,
+                 workers: int = 1, conn: Any = None, worker: int = 0) -> None:
+        """``target``: the engine process's function, started here with a pipe's end and ``args``
+        (and, for ``workers`` > 1, the engine's ends of the other HTTP processes' pipes, whose
+        ends here are ``worker_conns``). ``conn`` instead of ``target``: the pipe of an HTTP
+        process ``worker`` of ``workers`` (``server/http_workers``) to an engine process started by
+        the first; request ids are then those ≡ ``worker`` (mod ``workers``), unique across them."""
         self.n_slots = n_slots
         self._info: dict[str, Any] | None = None
         self._text: tuple[Any, Any] | None = None
@@ -75,17 +82,30 @@ class RemoteEngine:
         self._emits: dict[int, Emit] = {}
         self._calls: dict[int, list[Any]] = {}  # call id -> [event, reply]
         self._call_ids = itertools.count(1)
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1 + worker, max(1, workers))
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._grammars: Any = None
         self._on_exit = on_exit or (lambda code: os._exit(code))
         self._closing = False
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=target, args=(child, *args), name="kvserve-engine", daemon=True)
-        self.process.start()
-        child.close()
+        self.worker_conns: list[Any] = []
+        self.process: Any = None
+        if conn is not None:
+            self._conn = conn
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            self._conn, child = ctx.Pipe(duplex=True)
+            engine_ends = []
+            for _ in range(workers - 1):
+                here, there = ctx.Pipe(duplex=True)
+                self.worker_conns.append(here)
+                engine_ends.append(there)
+            self.process = ctx.Process(target=target, args=(child, *args, engine_ends), name="kvserve-engine",
+                                       daemon=True)
+            self.process.start()
+            child.close()
+            for end in engine_ends:
+                end.close()
         threading.Thread(target=self._read, name="kvserve-engine-events", daemon=True).start()
         threading.Thread(target=self._build_text_side, name="kvserve-text-side", daemon=True).start()
 
@@ -97,6 +117,14 @@ class RemoteEngine:
             log.exception("failed to build the tokenizer and chat template")
             self.close()
             self._on_exit(1)
+            return
+        while self._info is None and not self._closing:
+            time.sleep(0.05)
+        if not self._closing:
+            # what start-up left here (torch's modules, the tokenizer, the app) out of every full
+            # collection, as in the engine's process (model/heap.freeze): else one falls on a
+            # burst's requests now and then
+            heap.freeze()
 
     def _read(self) -> None:
         conn = self._conn
@@ -119,8 +147,10 @@ class RemoteEngine:
             pass
         if self._closing:
             return
-        self.process.join(timeout=10)
-        code = self.process.exitcode
+        code = None
+        if self.process is not None:
+            self.process.join(timeout=10)
+            code = self.process.exitcode
         log.error("the engine process exited (status %s)", code)
         self._on_exit(code if isinstance(code, int) and code > 0 else 1)
 
@@ -166,6 +196,8 @@ class RemoteEngine:
             self._conn.close()
         except OSError:
             pass
+        if self.process is None:
+            return
         if self.process.is_alive():
             self.process.join(timeout=5)
         if self.process.is_alive():
@@ -226,7 +258,7 @@ class RemoteEngine:
         self._send(("cancel", request_id))
 
     def health(self) -> str | None:
-        if not self.process.is_alive():
+        if self.process is not None and not self.process.is_alive():
             return "the engine process exited"
         return self._call("health")
 

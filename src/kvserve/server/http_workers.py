@@ -1,0 +1,120 @@
+"""Several HTTP processes in front of the one engine process (``KVSERVE_HTTP_WORKERS=N``).
+
+With the engine in a process of its own, what a burst of requests waits for is the HTTP side's
+Python: each request's parsing, validation, tokenization, submission and response start run on
+one interpreter, one request after another. N HTTP processes (the one started, and N − 1 spawned
+here) each bind the listening port with ``SO_REUSEPORT``, so the kernel spreads new connections
+over them, and each talks to the engine process over a pipe of its own (``RemoteEngine`` with
+``conn``; ``engine_process`` serves every pipe): the requests' Python runs on N interpreters.
+Each process builds its own tokenizer, chat template and app from the same configuration; the
+engine's state (slots, metrics, the prompt cache) is the engine process's, the same from every
+one of them. Request ids are unique across them (each takes the ids ≡ its index mod N).
+
+Only where nothing an HTTP process holds must be one for all: TCP addresses only (no UNIX
+socket), no agent tools, MCP servers or CORS proxy (their sessions and runtimes live in the
+process that serves them), not a router's child. Otherwise one process, with a warning when more
+were asked for. A spawned HTTP process that exits while the server runs ends the server, as the
+engine process does.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from typing import Any
+
+log = logging.getLogger("kvserve")
+
+
+def why_single(s: Any) -> str | None:
+    """Why the server settings ``s`` (``ServerSettings``) need one HTTP process (None: they do not)."""
+    hosts = [h.strip() for h in str(s.host).split(",") if h.strip()]
+    if any(h.endswith(".sock") for h in hosts):
+        return "a UNIX socket address"
+    if s.tools or s.tools_runtime or s.mcp_servers or s.mcp_proxy:
+        return "agent tools, MCP servers or the CORS proxy"
+    if "LLAMA_SERVER_ROUTER_PORT" in os.environ:
+        return "a router's model server"
+    return None
+
+
+def wanted(s: Any, engine_process: bool) -> int:
+    """How many HTTP processes to run (``KVSERVE_HTTP_WORKERS``, default 1)."""
+    raw = os.environ.get("KVSERVE_HTTP_WORKERS", "")
+    try:
+        n = int(raw) if raw else 1
+    except ValueError:
+        log.warning("KVSERVE_HTTP_WORKERS=%r is not a number: one HTTP process", raw)
+        return 1
+    if n <= 1:
+        return 1
+    why = "the engine runs in the serving process" if not engine_process else why_single(s)
+    if why is not None:
+        log.warning("KVSERVE_HTTP_WORKERS=%d: one HTTP process (%s)", n, why)
+        return 1
+    return n
+
+
+def worker(conn: Any, index: int, n: int, n_slots: int, argv: list[str], log_args: dict[str, Any],
+           port: int) -> None:
+    """A spawned HTTP process: the server of ``argv`` on ``port`` (bound with ``SO_REUSEPORT``
+    beside the others), over the engine process's pipe ``conn``."""
+    logging.basicConfig(**log_args)
+    from kvserve.config import load_config
+    from kvserve.engine_process import text_side_or_exit
+    from kvserve.server.http_server import build_server
+    from kvserve.server.remote_engine import RemoteEngine
+
+    cfg = load_config(argv, os.environ)
+    remote = RemoteEngine(n_slots, None, (), lambda: text_side_or_exit(cfg), conn=conn, workers=n, worker=index)
+    server, sockets, _ = build_server(remote, cfg, port=port, reuse_port=True)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+        remote.close()
+    os._exit(0)
+
+
+class Workers:
+    """The spawned HTTP processes of a server (``start``), ended by ``stop`` before the engine."""
+
+    def __init__(self) -> None:
+        self.procs: list[Any] = []
+        self._stopping = False
+
+    def start(self, conns: list[Any], n_slots: int, argv: list[str], log_args: dict[str, Any], port: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        n = len(conns) + 1
+        for i, conn in enumerate(conns, start=1):
+            p = ctx.Process(target=worker, args=(conn, i, n, n_slots, argv, log_args, port),
+                            name=f"kvserve-http-{i}", daemon=True)
+            p.start()
+            conn.close()
+            self.procs.append(p)
+            threading.Thread(target=self._watch, args=(p,), daemon=True).start()
+        log.info("%d HTTP processes serve port %d", n, port)
+
+    def _watch(self, p: Any) -> None:
+        p.join()
+        if not self._stopping:
+            log.error("HTTP process %s exited (status %s)", p.name, p.exitcode)
+            os._exit(p.exitcode if isinstance(p.exitcode, int) and p.exitcode > 0 else 1)
+
+    def terminate(self) -> None:
+        """SIGTERM to each: its server shuts down as this one does."""
+        self._stopping = True
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+
+    def stop(self) -> None:
+        """``terminate``, then wait for each (10 s, then SIGKILL)."""
+        self.terminate()
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
