@@ -3,8 +3,8 @@
 A ``POST`` to one of the routes that run the model goes through the app's outer layers as every
 request does (the pre-routing middleware: CORS, loading, API key; the sleep gate), then straight
 to its handler: no exception middleware, exit stack, route matching over every route, endpoint
-wrappers or dependency solving, which cost the event loop about as much per request as the
-handler's own work before a burst's request is submitted. The handler and its response are the
+wrappers or dependency solving: a quarter of the HTTP side's Python for a burst's request
+before it (bench/http_intake.py, docs/benchmarks.md). The handler and its response are the
 route's own (the same function FastAPI would call); its ``ApiError`` becomes the error response of
 the app's handler, anything else goes on to the pre-routing middleware's 500, as from FastAPI.
 The routes stay registered with FastAPI (the API description, other methods' 404).
