@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def more_http(port: int) -> http_workers.Workers:
             w = http_workers.Workers()
-            w.start(remote.worker_conns, n_slots, list(argv), log_args, port)
+            w.start(remote.worker_conns, n_slots, list(argv), log_args, port, text_side_or_exit)
             return w
 
         try:

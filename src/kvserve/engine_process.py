@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -62,6 +63,10 @@ def engine_process(conn: Any, argv: list[str], log_args: dict[str, Any], more: S
     environment, inherited), load, start, then serve the engine to the HTTP process over
     ``conn`` until it closes, and to the other HTTP processes (``server/http_workers``) over
     ``more`` meanwhile."""
+    # Ctrl-C reaches every process of the terminal's group: the HTTP side shuts down, then closes
+    # the pipe, and that ends this process (an interrupt here would end it first, the HTTP side
+    # then reporting a lost engine)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(**log_args)
     cfg = load_config(argv, os.environ)
     from .__main__ import build_engine

@@ -90,6 +90,14 @@ def test_the_processes_end_together() -> None:
     srv.proc.wait(timeout=30)
     assert all(_gone(p, 30) for p in others)
     assert "exited" not in srv.log()  # a clean end, not an engine or HTTP process lost
+    # Ctrl-C in a terminal: SIGINT to every process of the group at once
+    srv = launch(*ARGS, env=ENV).wait(180)
+    others = _processes(srv)
+    for pid in [srv.proc.pid, *others]:
+        os.kill(pid, signal.SIGINT)
+    srv.proc.wait(timeout=30)
+    assert all(_gone(p, 30) for p in others)
+    assert "exited" not in srv.log()
     # the second HTTP process dies: the server exits with an error status
     srv = launch(*ARGS, env=ENV).wait(180)
     try:

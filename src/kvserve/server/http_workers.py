@@ -22,7 +22,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("kvserve")
@@ -58,17 +60,17 @@ def wanted(s: Any, engine_process: bool) -> int:
 
 
 def worker(conn: Any, index: int, n: int, n_slots: int, argv: list[str], log_args: dict[str, Any],
-           port: int) -> None:
+           port: int, text_side: Callable[[Any], tuple[Any, Any]]) -> None:
     """A spawned HTTP process: the server of ``argv`` on ``port`` (bound with ``SO_REUSEPORT``
-    beside the others), over the engine process's pipe ``conn``."""
+    beside the others), over the engine process's pipe ``conn``; ``text_side(cfg)`` builds its
+    tokenizer and chat template."""
     logging.basicConfig(**log_args)
     from kvserve.config import load_config
-    from kvserve.engine_process import text_side_or_exit
     from kvserve.server.http_server import build_server
     from kvserve.server.remote_engine import RemoteEngine
 
     cfg = load_config(argv, os.environ)
-    remote = RemoteEngine(n_slots, None, (), lambda: text_side_or_exit(cfg), conn=conn, workers=n, worker=index)
+    remote = RemoteEngine(n_slots, None, (), lambda: text_side(cfg), conn=conn, workers=n, worker=index)
     server, sockets, _ = build_server(remote, cfg, port=port, reuse_port=True)
     try:
         server.run(sockets=sockets)
@@ -86,11 +88,14 @@ class Workers:
         self.procs: list[Any] = []
         self._stopping = False
 
-    def start(self, conns: list[Any], n_slots: int, argv: list[str], log_args: dict[str, Any], port: int) -> None:
+    def start(self, conns: list[Any], n_slots: int, argv: list[str], log_args: dict[str, Any], port: int,
+              text_side: Callable[[Any], tuple[Any, Any]]) -> None:
+        """One process for each pipe of ``conns`` (``RemoteEngine.worker_conns``), serving ``port``;
+        ``text_side``: a module-level function (it is pickled by name), as ``worker`` takes it."""
         ctx = multiprocessing.get_context("spawn")
         n = len(conns) + 1
         for i, conn in enumerate(conns, start=1):
-            p = ctx.Process(target=worker, args=(conn, i, n, n_slots, argv, log_args, port),
+            p = ctx.Process(target=worker, args=(conn, i, n, n_slots, argv, log_args, port, text_side),
                             name=f"kvserve-http-{i}", daemon=True)
             p.start()
             conn.close()
@@ -100,9 +105,12 @@ class Workers:
 
     def _watch(self, p: Any) -> None:
         p.join()
-        if not self._stopping:
-            log.error("HTTP process %s exited (status %s)", p.name, p.exitcode)
-            os._exit(p.exitcode if isinstance(p.exitcode, int) and p.exitcode > 0 else 1)
+        # ended by SIGINT or SIGTERM: the process group's (Ctrl-C reaches every process), this one
+        # shuts down too
+        if self._stopping or p.exitcode in (0, -signal.SIGINT, -signal.SIGTERM):
+            return
+        log.error("HTTP process %s exited (status %s)", p.name, p.exitcode)
+        os._exit(p.exitcode if isinstance(p.exitcode, int) and p.exitcode > 0 else 1)
 
     def terminate(self) -> None:
         """SIGTERM to each: its server shuts down as this one does."""
