@@ -112,17 +112,22 @@ def test_state_errors_and_bad_input(servers: tuple[LiveServer, LiveServer]) -> N
     assert _complete(split.url, prompt="Still serving")["tokens_predicted"] == 16
 
 
-def test_a_cancelled_stream_frees_its_slot(servers: tuple[LiveServer, LiveServer]) -> None:
-    split, _ = servers
-    with httpx.stream("POST", split.url + "/completion", json={"prompt": "Count:", "n_predict": 2000,
-                                                               "ignore_eos": True, "stream": True}, timeout=60) as r:
+def cancel_a_stream(url: str) -> None:
+    """A long stream left after a few events; then every slot is free again within 30 s."""
+    with httpx.stream("POST", url + "/completion", json={"prompt": "Count:", "n_predict": 2000,
+                                                         "ignore_eos": True, "stream": True}, timeout=60) as r:
         for i, _line in enumerate(r.iter_lines()):
             if i > 4:
                 break
     deadline = time.time() + 30
-    while any(s["is_processing"] for s in httpx.get(split.url + "/slots", timeout=30).json()):
+    while any(s["is_processing"] for s in httpx.get(url + "/slots", timeout=30).json()):
         assert time.time() < deadline, "the cancelled request still holds its slot"
         time.sleep(0.2)
+
+
+def test_a_cancelled_stream_frees_its_slot(servers: tuple[LiveServer, LiveServer]) -> None:
+    split, _ = servers
+    cancel_a_stream(split.url)
     assert _complete(split.url, prompt="After the cancel")["tokens_predicted"] == 16
 
 

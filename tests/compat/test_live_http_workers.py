@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +17,7 @@ from kvserve.server.http_workers import wanted
 from kvserve.server.settings import ServerSettings
 
 from .live import LiveServer, launch
-from .test_live_engine_process import _children, _gone
+from .test_live_engine_process import _children, _gone, cancel_a_stream
 
 ARGS = ("-np", "4", "-c", "4096", "--metrics")
 ENV = {"KVSERVE_ENGINE_PROCESS": "1", "KVSERVE_HTTP_WORKERS": "2"}
@@ -72,15 +71,7 @@ def test_bad_input_and_a_cancelled_stream(server: LiveServer) -> None:
     for _ in range(4):  # (over several connections: both processes)
         with httpx.Client(timeout=30) as c:
             assert c.post(server.url + "/completion", content=b"{bad").status_code == 400
-    with httpx.stream("POST", server.url + "/completion", json={"prompt": "Count:", "n_predict": 2000,
-                                                                "ignore_eos": True, "stream": True}, timeout=60) as r:
-        for i, _line in enumerate(r.iter_lines()):
-            if i > 4:
-                break
-    deadline = time.time() + 30
-    while any(s["is_processing"] for s in httpx.get(server.url + "/slots", timeout=30).json()):
-        assert time.time() < deadline, "the cancelled request still holds its slot"
-        time.sleep(0.2)
+    cancel_a_stream(server.url)
 
 
 def test_the_processes_end_together() -> None:
