@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         def more_http(port: int) -> http_workers.Workers:
             w = http_workers.Workers()
             w.start(remote.worker_conns, n_slots, list(argv), log_args, port, text_side_or_exit)
+            remote.others_ready = w.listening  # /health says ready once every HTTP process listens
             return w
 
         try:

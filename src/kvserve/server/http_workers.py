@@ -24,6 +24,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,10 +61,10 @@ def wanted(s: Any, engine_process: bool) -> int:
 
 
 def worker(conn: Any, index: int, n: int, n_slots: int, argv: list[str], log_args: dict[str, Any],
-           port: int, text_side: Callable[[Any], tuple[Any, Any]]) -> None:
+           port: int, text_side: Callable[[Any], tuple[Any, Any]], listening: Any) -> None:
     """A spawned HTTP process: the server of ``argv`` on ``port`` (bound with ``SO_REUSEPORT``
     beside the others), over the engine process's pipe ``conn``; ``text_side(cfg)`` builds its
-    tokenizer and chat template."""
+    tokenizer and chat template; ``listening`` (an event) is set once its sockets listen."""
     logging.basicConfig(**log_args)
     from kvserve.config import load_config
     from kvserve.server.http_server import build_server
@@ -71,7 +72,12 @@ def worker(conn: Any, index: int, n: int, n_slots: int, argv: list[str], log_arg
 
     cfg = load_config(argv, os.environ)
     remote = RemoteEngine(n_slots, None, (), lambda: text_side(cfg), conn=conn, workers=n, worker=index)
+    # listening only once ready: the kernel would hand this process connections it could only
+    # answer 503 while the first one serves
+    while not remote.ready:
+        time.sleep(0.05)
     server, sockets, _ = build_server(remote, cfg, port=port, reuse_port=True)
+    listening.set()
     try:
         server.run(sockets=sockets)
     finally:
@@ -86,7 +92,12 @@ class Workers:
 
     def __init__(self) -> None:
         self.procs: list[Any] = []
+        self._listening: list[Any] = []
         self._stopping = False
+
+    def listening(self) -> bool:
+        """Whether every one listens (ready: it binds its sockets once its engine side is)."""
+        return all(e.is_set() for e in self._listening)
 
     def start(self, conns: list[Any], n_slots: int, argv: list[str], log_args: dict[str, Any], port: int,
               text_side: Callable[[Any], tuple[Any, Any]]) -> None:
@@ -95,7 +106,9 @@ class Workers:
         ctx = multiprocessing.get_context("spawn")
         n = len(conns) + 1
         for i, conn in enumerate(conns, start=1):
-            p = ctx.Process(target=worker, args=(conn, i, n, n_slots, argv, log_args, port, text_side),
+            event = ctx.Event()
+            self._listening.append(event)
+            p = ctx.Process(target=worker, args=(conn, i, n, n_slots, argv, log_args, port, text_side, event),
                             name=f"kvserve-http-{i}", daemon=True)
             p.start()
             conn.close()

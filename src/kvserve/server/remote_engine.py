@@ -89,6 +89,7 @@ class RemoteEngine:
         self._on_exit = on_exit or (lambda code: os._exit(code))
         self._closing = False
         self.worker_conns: list[Any] = []
+        self.others_ready: Callable[[], bool] | None = None
         self.process: Any = None
         if conn is not None:
             self._conn = conn
@@ -206,7 +207,8 @@ class RemoteEngine:
     # -- EngineAPI ----------------------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self._info is not None and self._text is not None
+        # (the first of several HTTP processes: ready once the others listen too, ``http_workers``)
+        return self._info is not None and self._text is not None and (self.others_ready is None or self.others_ready())
 
     def _static(self, name: str) -> Any:
         info = self._info
