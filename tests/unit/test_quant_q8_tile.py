@@ -51,7 +51,8 @@ def test_tiled_split_gemv_resets_its_counters():
     cfg = QT.TileConfig(16, 1, 2, 8)
     one = QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg._replace(programs=0))
     first = QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg)
-    assert torch.allclose(first, one, rtol=1e-5, atol=1e-4)
+    # split over programs: the same terms summed in another order (outputs of magnitude ~1e3)
+    assert torch.allclose(first, one, rtol=1e-5, atol=1e-5 * one.abs().max().item())
     assert int(T._counters(p, 1).abs().sum()) == 0
     assert torch.equal(QT.gemv(xq, p, torch.empty(2, 16, device=DEV), cfg=cfg), first)
 
