@@ -81,7 +81,7 @@ class GenerationRequest:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled (to an engine process) with the prompt as its bytes alone when it has them:
-        a list of thousands of ints pickles in ~20 µs, its bytes in well under one."""
+        its ids are already there, and a list of thousands of ints was most of the pickling."""
         state = dict(self.__dict__)
         if self.prompt_key is not None:
             state["prompt_tokens"] = None

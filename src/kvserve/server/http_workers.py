@@ -93,11 +93,15 @@ class Workers:
     def __init__(self) -> None:
         self.procs: list[Any] = []
         self._listening: list[Any] = []
+        self._all_listening = False
         self._stopping = False
 
     def listening(self) -> bool:
-        """Whether every one listens (ready: it binds its sockets once its engine side is)."""
-        return all(e.is_set() for e in self._listening)
+        """Whether every one listens (ready: it binds its sockets once its engine side is). Read
+        by every request (the server's readiness): the events are asked only until all are set."""
+        if not self._all_listening:
+            self._all_listening = all(e.is_set() for e in self._listening)
+        return self._all_listening
 
     def start(self, conns: list[Any], n_slots: int, argv: list[str], log_args: dict[str, Any], port: int,
               text_side: Callable[[Any], tuple[Any, Any]]) -> None:

@@ -3,6 +3,7 @@ completions.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -45,34 +46,28 @@ async def cors_proxy_endpoint(request: Request) -> Response:
     return await cors_proxy.proxy(request)
 
 
-async def completion(request: Request) -> Response:
-    """Native completion; several prompts give an array of results."""
-    return await handle(request, Kind.NATIVE, await read_object(request))
+def _generation(kind: Kind, name: str, doc: str) -> Callable[[Request], Awaitable[Response]]:
+    """The handler of a route that runs the model: the body read as a JSON object, then ``handle``."""
+
+    async def endpoint(request: Request) -> Response:
+        return await handle(request, kind, await read_object(request))
+
+    endpoint.__name__ = endpoint.__qualname__ = name  # the API description's names
+    endpoint.__doc__ = doc
+    return endpoint
 
 
-async def oai_completion(request: Request) -> Response:
-    """OpenAI text completion (``choices[].text``), SSE ends with ``data: [DONE]``."""
-    return await handle(request, Kind.OAI_COMPLETION, await read_object(request))
-
-
-async def chat_completion(request: Request) -> Response:
-    """OpenAI chat completion."""
-    return await handle(request, Kind.OAI_CHAT, await read_object(request))
-
-
-async def oai_responses(request: Request) -> Response:
-    """OpenAI Responses (run as a chat completion); SSE events named ``response.*``."""
-    return await handle(request, Kind.OAI_RESP, await read_object(request))
-
-
-async def anthropic_messages(request: Request) -> Response:
-    """Anthropic Messages (run as a chat completion); SSE ``message_start`` … ``message_stop``."""
-    return await handle(request, Kind.ANTHROPIC, await read_object(request))
-
-
-async def infill(request: Request) -> Response:
-    """Fill-in-the-middle (needs the model's FIM tokens); native completion format."""
-    return await handle(request, Kind.INFILL, await read_object(request))
+completion = _generation(Kind.NATIVE, "completion", "Native completion; several prompts give an array of results.")
+oai_completion = _generation(Kind.OAI_COMPLETION, "oai_completion",
+                             "OpenAI text completion (``choices[].text``), SSE ends with ``data: [DONE]``.")
+chat_completion = _generation(Kind.OAI_CHAT, "chat_completion", "OpenAI chat completion.")
+oai_responses = _generation(Kind.OAI_RESP, "oai_responses",
+                            "OpenAI Responses (run as a chat completion); SSE events named ``response.*``.")
+anthropic_messages = _generation(Kind.ANTHROPIC, "anthropic_messages",
+                                 "Anthropic Messages (run as a chat completion); SSE ``message_start`` … "
+                                 "``message_stop``.")
+infill = _generation(Kind.INFILL, "infill", "Fill-in-the-middle (needs the model's FIM tokens); native completion "
+                     "format.")
 
 
 # The routes that run the model: (path, handler, request body documented, tags, in the API description).
