@@ -97,6 +97,13 @@ class ModelRunner:
         graphs_on = os.environ.get("KVSERVE_CUDA_GRAPHS", "1") != "0"
         if self.backend.supports_graphs and self.device.type == "cuda" and graphs_on:
             self.graphs = GraphRunner(self.model, self.backend, max(1, min(max_batch, self.n_ubatch)))
+        if self.device.type == "cuda":
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                n = self.backend.warm_eager(loaded.dtype, decode_only=self.graphs is None)
+            if n:
+                log.info("eager step kernels compiled or loaded in %.1f s (%d warm-up steps on the scratch page)",
+                         time.perf_counter() - t0, n)
         log.info("attention backend: %s%s%s", self.backend.name, ", CUDA graphs for decode" if self.graphs else "",
                  f"; layer ops: {ops_cpu.describe()}" if self.device.type == "cpu" else "")
         # ``run`` returns once the step is queued; the device finishes it later (CUDA streams)

@@ -83,6 +83,12 @@ class AttentionBackend(ABC):
         ("eager", None) when a path the graphs lack pays off."""
         return "plain", None
 
+    def warm_eager(self, dtype: torch.dtype, decode_only: bool = False) -> int:
+        """Compile, at start-up, the kernel variants eager steps can need (activations of
+        ``dtype``; ``decode_only``: decode-only steps too, where no graph replays them). Returns
+        the number of steps run (0: nothing to compile)."""
+        return 0
+
     # -- CUDA graph hooks (backends with supports_graphs) ----------------------------------------
     def graph_step(self, bucket: int) -> tuple[torch.Tensor, AttentionStep]:
         """Static (ids, step) for a decode step of ``bucket`` sequences, used at capture."""

@@ -266,6 +266,11 @@ class TritonBackend(AttentionBackend):
             extend = _Extend(v[6], v[7], v[8], v[9], max(e_len))
         return v[0], TritonStep(self, v[1], v[2], decode, extend)
 
+    def warm_eager(self, dtype: torch.dtype, decode_only: bool = False) -> int:
+        from .eager_warmup import warm
+
+        return warm(self, dtype, decode_only)
+
     # -- CUDA graphs -------------------------------------------------------------------------------
     def init_graphs(self, max_bucket: int) -> None:
         self.max_bucket = (max_bucket + 3) & ~3  # sections of whole 16-byte units

@@ -12,11 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, DecodeWorkspace, _attend_masked_block, _kv_block, _precision, _split_partials,
-                     _window)
+from .common import (LOG2E, STEP_SCALARS, DecodeWorkspace, _attend_masked_block, _kv_block, _precision,
+                     _split_partials, _window)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SCALARS["shared_prefix"])
 def _shared_prefix_kernel(
     q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
     grp_members_ptr, grp_n_ptr, grp_shared_ptr, grp_minlen_ptr, members_stride, n_mblocks,

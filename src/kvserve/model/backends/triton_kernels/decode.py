@@ -13,11 +13,11 @@ import triton
 import triton.language as tl
 
 from .cascade import CascadeGroups, shared_prefix_attention
-from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision, _split_partials,
-                     _window)
+from .common import (LOG2E, STEP_SCALARS, DecodeWorkspace, _attend_block, _kv_block, _precision,
+                     _split_partials, _window)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SCALARS["decode_split"])
 def _decode_split_kernel(
     q_ptr, q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
     seq_starts_ptr, mid_o_ptr, mid_lse_ptr, qk_scale, window, num_splits, split_stride,
@@ -59,7 +59,7 @@ def _decode_split_kernel(
     tl.store(mid_lse_ptr + base, lse, mask=g < G)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SCALARS["decode_merge"])
 def _decode_merge_kernel(
     mid_o_ptr, mid_lse_ptr, out_ptr, q_rows_ptr, seq_starts_ptr, split_stride, num_splits, own_splits,
     H: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,

@@ -8,10 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import LOG2E, _attend_masked_block, _kv_block, _precision, _window
+from .common import LOG2E, STEP_SCALARS, _attend_masked_block, _kv_block, _precision, _window
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SCALARS["extend"])
 def _extend_kernel(
     q_ptr, out_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride,
     seq_rows_ptr, q_start_ptr, q_len_ptr, kv_len_ptr, qk_scale, window,
