@@ -8,7 +8,8 @@
 # A tree is NAME=SRC (its kvserve on PYTHONPATH first, then $LIBS), NAME:VAR=VALUE=SRC sets VAR in
 # its server's environment (NAME:VAR=VALUE,VAR2=VALUE2=SRC several, values without commas); a name
 # ending in "-bursts" runs only the bursts. SHAPE is the
-# random-weight model (default the 1B shape), STREAMS_N the tokens per stream (default 256).
+# random-weight model (default the 1B shape), QTYPE its weights' type (default F16), STREAMS_N the
+# tokens per stream (default 256).
 # Output: $OUT/streams-NAME.log, $OUT/burst-NAME.log, $OUT/server-NAME.log.
 set -u
 OUT=${OUT:-/tmp/kvserve-trees}; mkdir -p "$OUT"
@@ -19,7 +20,7 @@ export PYTHONUNBUFFERED=1
 S=$SECONDS
 FIRST_SRC=${TREES%% *}; FIRST_SRC=${FIRST_SRC##*=}
 M=$(PYTHONPATH="$FIRST_SRC${LIBS:+:$LIBS}" $PY -c "import sys; sys.path.insert(0,'bench')
-from engine import synth_path; print(synth_path('$SHAPE','F16','${SYNTH:-/tmp/kvserve-synth}'))")
+from engine import synth_path; print(synth_path('$SHAPE','${QTYPE:-F16}','${SYNTH:-/tmp/kvserve-synth}'))")
 echo "model $M (t+$((SECONDS - S))s)"
 for TREE in $TREES; do
   SRC=${TREE##*=}; HEAD=${TREE%=*}; NAME=${HEAD%%:*}; SET=; [[ "$HEAD" == *:* ]] && SET=${HEAD#*:}

@@ -297,8 +297,8 @@ def _choose(mods: list[nn.Linear], role: str, rows: int, cands: list[Config]) ->
 
 def _warm_row_tiles(mod: nn.Linear, role: str, cfg: Config | None) -> None:
     """Compile ``cfg``'s variants for the row tiles the timing did not run (``BM`` 2 .. MAX_ROWS / 2:
-    2 rows). Eager steps meet them (the logits of two prompts ending in one prefill step) and
-    would otherwise compile on that step's critical path."""
+    2 rows), which the decode graphs' capture compiles too but eager steps without graphs
+    (``KVSERVE_CUDA_GRAPHS=0``) would otherwise meet first on a step's critical path."""
     if cfg is None:
         return
     bm = 2

@@ -13,7 +13,7 @@ sequence of the step waits.
 ``warm`` runs one step of each such shape through the backend's own ``prepare`` and ``attend``,
 so the choice of variant is the backend's and is not repeated here. The kernels' per-step
 integers are not specialized (``triton_kernels.common.STEP_SCALARS``), so a shape per choice of
-constexprs covers every step. Every page-table entry of the warm-up's sequences is the scratch
+constexprs covers every step (the one-launch decode kernel's are: a shape per value class too). Every page-table entry of the warm-up's sequences is the scratch
 page: their KV writes land there, and nothing cached is read or changed.
 """
 
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
     from .triton_backend import TritonBackend
 
 # Lengths (in units of the split kernel's 64 keys, or the one-launch kernel's 32) whose split
-# counts fall in every power-of-two class up to the 32-split cap: 1, 2, 3-4, 5-8, 9-16, 17-32
-SPLIT_UNITS = (1, 2, 3, 5, 9, 17)
+# counts fall in every power-of-two class up to the 32-split cap (1, 2, 3-4, 5-8, 9-16, 17-32),
+# each also as a multiple of 16 where it has one (the one-launch kernel's specializations)
+SPLIT_UNITS = (1, 2, 3, 5, 9, 16, 17, 32)
 # Shared prefixes (in units of the shared-prefix kernel's 256 keys) whose shared splits, plus a
 # sequence's one own split, fall in every power-of-two class up to 64
 SHARED_UNITS = (1, 2, 3, 7, 15, 31, 32)

@@ -14,13 +14,14 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 # Integer arguments that change from step to step (split counts, strides of per-step buffers, block
-# counts) or layer to layer (a sliding window), per kernel: Triton does not specialize them, so a
-# kernel compiles once per choice of its constexprs (which the backend's ``warm_eager`` runs at
-# start-up) rather than once more per value class (1, a multiple of 16, other) a request meets.
+# counts) or layer to layer (a sliding window), per kernel of the eager steps: Triton does not
+# specialize them, so a kernel compiles once per choice of its constexprs (which the backend's
+# ``warm_eager`` runs at start-up) rather than once more per value class (1, a multiple of 16,
+# other) a request meets. The one-launch decode kernel keeps its specializations (the batch-1
+# graphs run it; eager, only without graphs, where ``warm_eager`` meets each class).
 STEP_SCALARS = {
     "decode_split": ("window", "num_splits", "split_stride"),
     "decode_merge": ("split_stride", "num_splits", "own_splits"),
-    "decode_fused": ("window", "num_splits", "split_stride"),
     "shared_prefix": ("members_stride", "n_mblocks", "window", "split_stride", "own_splits", "shared_splits"),
     "extend": ("window",),
 }

@@ -17,14 +17,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import (LOG2E, STEP_SCALARS, DecodeWorkspace, _attend_block, _kv_block, _precision,
+from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision,
                      _split_partials, _token_stride, _window)
 from ...pdl_support import pdl_supported
 from ...quant.triton_q8 import QuantX, _store_quant
 from .rope import _rope_pairs
 
 
-@triton.jit(do_not_specialize=STEP_SCALARS["decode_fused"])
+@triton.jit
 def _decode_fused_kernel(
     q_ptr, k_ptr, v_ptr, stride_q, stride_k, stride_v, cos_ptr, sin_ptr,
     q_rows_ptr, k_cache_ptr, v_cache_ptr, table_ptr, table_stride, seq_rows_ptr, seq_lens_ptr,
