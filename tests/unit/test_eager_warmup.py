@@ -55,16 +55,26 @@ class _Recorder:
         return launch
 
 
-@pytest.fixture
-def backend(tmp_path, monkeypatch):
+def _recorded_backend(tmp_path, monkeypatch, n_pages: int):
     monkeypatch.setenv("KVSERVE_ATTN_BACKEND", "triton")
     spec = SynthSpec(arch="llama", n_embd=256, n_head=8, n_head_kv=2, head_dim=32, n_vocab=300, n_layer=1)
     path = write_random_gguf(str(tmp_path / "m.gguf"), spec)
-    runner = ModelRunner(load_gguf(path, device=DEV), n_pages=700, max_batch=4)
+    runner = ModelRunner(load_gguf(path, device=DEV), n_pages=n_pages, max_batch=4)
     seen: set = set()
     for mod, name in KERNELS:
         monkeypatch.setattr(mod, name, _Recorder(name, getattr(mod, name), seen))
     return runner.backend, seen
+
+
+@pytest.fixture
+def backend(tmp_path, monkeypatch):
+    return _recorded_backend(tmp_path, monkeypatch, 700)
+
+
+def test_a_tiny_pool_gets_the_steps_it_can_have(tmp_path, monkeypatch):
+    be, seen = _recorded_backend(tmp_path, monkeypatch, 2)
+    assert be.warm_eager(torch.float32, decode_only=True) > 0
+    assert {v[0] for v in seen} >= {"_extend_kernel", "_decode_split_kernel", "_decode_fused_kernel"}
 
 
 def _random_step(rng: random.Random, be, decode_only: bool) -> list[StepSeq]:

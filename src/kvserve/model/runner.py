@@ -99,8 +99,12 @@ class ModelRunner:
             self.graphs = GraphRunner(self.model, self.backend, max(1, min(max_batch, self.n_ubatch)))
         if self.device.type == "cuda":
             t0 = time.perf_counter()
-            with torch.inference_mode():
-                n = self.backend.warm_eager(loaded.dtype, decode_only=self.graphs is None)
+            try:
+                with torch.inference_mode():
+                    n = self.backend.warm_eager(loaded.dtype, decode_only=self.graphs is None)
+            except Exception as e:  # noqa: BLE001 - serving still works; the variants compile at first use
+                log.warning("eager step kernels not warmed up at start-up: %s", e)
+                n = 0
             if n:
                 log.info("eager step kernels compiled or loaded in %.1f s (%d warm-up steps on the scratch page)",
                          time.perf_counter() - t0, n)

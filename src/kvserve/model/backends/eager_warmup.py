@@ -52,6 +52,7 @@ def warm(be: TritonBackend, dtype: torch.dtype, decode_only: bool = False) -> in
         windows.setdefault((cfg.layer_window(layer), cfg.layer_rope(layer)), layer)
     layers = list(windows.values())
     used: list[int] = []
+    steps = 0
 
     def seq(start: int, n: int) -> StepSeq:
         sid = -1000 - next(_ID)  # never a request's sequence
@@ -59,6 +60,10 @@ def warm(be: TritonBackend, dtype: torch.dtype, decode_only: bool = False) -> in
         return StepSeq(sid, start, n, (scratch,) * -(-(start + n) // ps))
 
     def run(seqs: list[StepSeq]) -> None:
+        nonlocal steps
+        if any(len(s.page_table) > be.pt.max_pages for s in seqs):
+            return  # a pool this small never has such a step
+        steps += 1
         t = sum(s.n for s in seqs)
         _, step = be.prepare(seqs, [0] * t)
         q = torch.zeros((t, cfg.n_head, cfg.head_dim), dtype=dtype, device=be.device)
@@ -68,17 +73,14 @@ def warm(be: TritonBackend, dtype: torch.dtype, decode_only: bool = False) -> in
 
     mode, n_cascade = be.cascade_mode, be.n_cascade_steps
     wide = -(-128 // cfg.n_head_kv)  # decode rows from which the split kernel takes 128-key blocks
-    steps = 0
     try:
         for n in (17, 40):  # the extend kernel's two query blocks
             run([seq(0, n)])
-            steps += 1
         be.cascade_mode = "0"
         for b in sorted({1, min(wide, max_seqs - 1)}):  # decode rows beside a chunk: split and merge
             for u in SPLIT_UNITS:
-                length = min(64 * u, max_tokens - ps)
+                length = max(1, min(64 * u, max_tokens - ps))
                 run([seq(length - 1, 1) for _ in range(b)] + [seq(0, 17)])
-                steps += 1
         if be.cascade_graphs:  # one group of m members: the shared-prefix kernel and the cascade's merge
             be.cascade_mode = "1"
             g = cfg.n_head // cfg.n_head_kv
@@ -90,14 +92,12 @@ def warm(be: TritonBackend, dtype: torch.dtype, decode_only: bool = False) -> in
                     if shared + 1 > max_tokens:
                         break
                     run([seq(shared, 1) for _ in range(m)])
-                    steps += 1
         if decode_only:
             be.cascade_mode = "0"
             for b in sorted({1, min(wide, max_seqs)}):
                 for u in SPLIT_UNITS:
-                    length = min(32 * u, max_tokens - ps)
+                    length = max(1, min(32 * u, max_tokens - ps))
                     run([seq(length - 1, 1) for _ in range(b)])
-                    steps += 1
     finally:
         be.cascade_mode, be.n_cascade_steps = mode, n_cascade
         for sid in used:
