@@ -32,7 +32,7 @@ def _constexprs(fn: Any, constants: Any) -> dict[str, Any]:
     names = list(getattr(getattr(fn, "jit_function", None), "arg_names", None) or [])
     out: dict[str, Any] = {}
     for key, value in dict(constants or {}).items():
-        if not isinstance(value, (bool, int, float, str)) or value is None:
+        if not isinstance(value, (bool, int, float, str)):
             continue
         idx = key[0] if isinstance(key, tuple) and len(key) == 1 else key
         name = names[idx] if isinstance(idx, int) and 0 <= idx < len(names) else str(key)

@@ -13,8 +13,9 @@ sequence of the step waits.
 ``warm`` runs one step of each such shape through the backend's own ``prepare`` and ``attend``,
 so the choice of variant is the backend's and is not repeated here. The kernels' per-step
 integers are not specialized (``triton_kernels.common.STEP_SCALARS``), so a shape per choice of
-constexprs covers every step (the one-launch decode kernel's are: a shape per value class too). Every page-table entry of the warm-up's sequences is the scratch
-page: their KV writes land there, and nothing cached is read or changed.
+constexprs covers every step (the one-launch decode kernel's are: a shape per value class too).
+Every page-table entry of the warm-up's sequences is the scratch page: their KV writes land
+there, and nothing cached is read or changed.
 """
 
 from __future__ import annotations

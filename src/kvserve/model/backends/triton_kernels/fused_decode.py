@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision,
-                     _split_partials, _token_stride, _window)
+from .common import (LOG2E, DecodeWorkspace, _attend_block, _kv_block, _precision, _split_partials,
+                     _token_stride, _window)
 from ...pdl_support import pdl_supported
 from ...quant.triton_q8 import QuantX, _store_quant
 from .rope import _rope_pairs
