@@ -71,6 +71,24 @@ def backend(tmp_path, monkeypatch):
     return _recorded_backend(tmp_path, monkeypatch, 700)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_runner_warms_the_eager_steps_after_its_graphs(tmp_path, monkeypatch, caplog):
+    from kvserve.model.backends.triton_backend import TritonBackend
+
+    calls: list[bool] = []
+    orig = TritonBackend.warm_eager
+    def warm(self, dtype, decode_only=False):
+        calls.append(decode_only)
+        return orig(self, dtype, decode_only)
+
+    monkeypatch.setattr(TritonBackend, "warm_eager", warm)
+    spec = SynthSpec(arch="llama", n_embd=256, n_head=8, n_head_kv=2, head_dim=32, n_vocab=300, n_layer=1)
+    path = write_random_gguf(str(tmp_path / "m.gguf"), spec)
+    with caplog.at_level("INFO", logger="kvserve.model.runner"):
+        runner = ModelRunner(load_gguf(path, device="cuda", dtype=torch.bfloat16), n_pages=64, max_batch=4)
+    assert calls == [runner.graphs is None] and "eager step kernels compiled or loaded" in caplog.text
+
+
 def test_a_tiny_pool_gets_the_steps_it_can_have(tmp_path, monkeypatch):
     be, seen = _recorded_backend(tmp_path, monkeypatch, 2)
     assert be.warm_eager(torch.float32, decode_only=True) > 0

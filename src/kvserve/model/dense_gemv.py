@@ -295,22 +295,6 @@ def _choose(mods: list[nn.Linear], role: str, rows: int, cands: list[Config]) ->
     return choice, times
 
 
-def _warm_row_tiles(mod: nn.Linear, role: str, cfg: Config | None) -> None:
-    """Compile ``cfg``'s variants for the row tiles the timing did not run (``BM`` 2 .. MAX_ROWS / 2:
-    2 rows), which the decode graphs' capture compiles too but eager steps without graphs
-    (``KVSERVE_CUDA_GRAPHS=0``) would otherwise meet first on a step's critical path."""
-    if cfg is None:
-        return
-    bm = 2
-    while bm < MAX_ROWS:
-        w = mod.weight
-        try:
-            _Probe(w.shape[1], bm, w.dtype, w.device, role).fused(mod, role, cfg)()
-        except Exception as e:  # noqa: BLE001 - compiled at first use instead, as before
-            log.debug("GEMV warm-up of %s at %d rows failed: %s", cfg, bm, e)
-        bm *= 2
-
-
 def prepare(model: nn.Module) -> int:
     """Turn the decode-step linear layers of ``model`` (dense bf16/f16 weights on CUDA) into
     ``GemvLinear`` and choose, per shape and role, cuBLAS or a Triton configuration. Returns the
@@ -338,7 +322,6 @@ def prepare(model: nn.Module) -> int:
             c1, t1 = _choose(mods, role, 1, CANDIDATES)
             ranked = sorted((c for c in CANDIDATES if _label(c) in t1), key=lambda c: t1[_label(c)])[:2]
             c4, t4 = _choose(mods, role, MAX_ROWS, ranked)
-            _warm_row_tiles(mods[0], role, c4)
         for mod in mods:
             mod.choice = {1: c1, MAX_ROWS: c4}
         chosen += len(mods) if c1 is not None else 0

@@ -3,9 +3,9 @@
 Start-up compiles what a step can need (the decode graphs' capture, the GEMV timing and its
 warm-up, the engine's warm-up pass). A kernel variant that a request meets first (a new
 constexpr, a new specialization of an argument) compiles on that step's critical path instead:
-0.3-1.5 s on an H200, which every sequence of the step waits for. Once the engine serves, each
-such compile is logged with its kernel, constexprs and time, and counted in ``LATE``, so a
-variant start-up missed shows in the log rather than as an unexplained slow step.
+0.1-1 s on an H100 or H200, which every sequence of the step waits for. Once the engine serves,
+each such compile is logged as a warning with its kernel, constexprs and time, so a variant
+start-up missed shows in the log rather than as an unexplained slow step.
 
 Only kernel names and constexprs are logged (no request content). Nothing is imported here:
 the hooks are installed only where Triton is already loaded (a CUDA runner)."""
@@ -20,9 +20,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MAX_KEPT = 256
-# each compile after ``serving()``: kernel, constexprs (name → value), seconds, loaded from Triton's cache
-LATE: list[dict[str, Any]] = []
 _local = threading.local()
 _installed = False
 
@@ -52,7 +49,7 @@ def listener(**kw: Any) -> None:
 
 
 def after_compile(**kw: Any) -> None:
-    """Triton's ``jit_post_compile_hook``: record and log the compile."""
+    """Triton's ``jit_post_compile_hook``: log the compile."""
     t0 = getattr(_local, "t0", None)
     dt = time.perf_counter() - t0 if t0 is not None else float("nan")
     fn = kw.get("fn")
@@ -60,8 +57,6 @@ def after_compile(**kw: Any) -> None:
     consts = _constexprs(fn, (kw.get("compile") or {}).get("constants"))
     hit = getattr(_local, "hit", None)
     _local.t0 = None
-    if len(LATE) < MAX_KEPT:
-        LATE.append({"kernel": name, "constexprs": consts, "seconds": dt, "disk_cache": hit})
     log.warning("Triton kernel %s compiled while serving in %.0f ms (%s); constexprs %s: start-up did "
                 "not warm this variant", name, dt * 1e3,
                 "from the on-disk cache" if hit else "compiled" if hit is not None else "source unknown",
