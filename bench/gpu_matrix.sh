@@ -32,6 +32,8 @@
 #            the same for the 8B rows alone (default: B1_AB). B1_TESTS="ARGS;ARGS" runs pytest -q
 #            once per ;-separated group of arguments first (each for at most B1_TESTS_TIMEOUT s,
 #            default 300), while the model files are written
+#   hf       HF transformers bf16 generate (bench/hf_generate.py) on the 1B and 8B shapes, batch 1 and 64
+#            at 2k context, against the same roofline: the reference beside the engine rows
 #   b1attn   the 1B bf16 batch-1 row once per B1ATTN_AB setting (default: the decode attention
 #            kernels apart, in one launch, split + merge in one launch, one launch with 16 splits
 #            at most), each with its kernels per step: an A/B of KVSERVE_DECODE_FUSED in one run
@@ -47,7 +49,9 @@
 # sampled by py-spy too (each thread's top functions).
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
-# chosen with MATRIX="tests parity ..." (default: all). Output: $OUT/matrix.log.
+# chosen with MATRIX="tests parity ..." (default: all but hf). Output: $OUT/matrix.log.
+# The whole table in one run (engine, server and HF rows, 1B and 8B):
+#   PYTHONPATH=LIBS MATRIX="engine server hf" SERVER_MODELS="1b 8b" bash bench/gpu_matrix.sh
 set -u
 OUT=${OUT:-/tmp/kvserve-matrix}
 mkdir -p "$OUT"
@@ -281,6 +285,11 @@ if want engine; then
   wait "$SYNTH8B"; cat "$OUT/synth8b.txt"
   $PY bench/engine.py --synth "$S8B" --device cuda --dtype bf16 --prefill 2048 --batches 1,64 --ctx 2048 \
       --steps 32 --roofline
+fi
+if want hf; then
+  phase "HF transformers bf16 generate: 1B and 8B shapes, batch 1 and 64, 2k context"
+  timeout 300 $PY bench/hf_generate.py --synth "$S1B" --synth "$S8B" --device cuda --dtype bf16 --batches 1,64 \
+      --ctx 2048 --steps 32 --roofline
 fi
 phase "done"
 } 2>&1 | tee "$OUT/matrix.log"
