@@ -49,8 +49,8 @@
 # sampled by py-spy too (each thread's top functions).
 # Random-weight GGUFs are written under $SYNTH (default /tmp/kvserve-synth); the synthetic
 # vocabulary makes about 3.3 tokens per generated word, hence the word counts. Sections can be
-# chosen with MATRIX="tests parity ..." (default: all but hf). Output: $OUT/matrix.log.
-# The whole table in one run (engine, server and HF rows, 1B and 8B):
+# chosen with MATRIX="tests parity ..." (default: tests parity kernels engine fuse eager profile features
+# server). Output: $OUT/matrix.log. The whole table in one run (engine, server and HF rows, 1B and 8B):
 #   PYTHONPATH=LIBS MATRIX="engine server hf" SERVER_MODELS="1b 8b" bash bench/gpu_matrix.sh
 set -u
 OUT=${OUT:-/tmp/kvserve-matrix}
