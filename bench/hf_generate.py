@@ -23,6 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built here: nothing to look up
 
 import torch  # noqa: E402
 from common import print_conditions, print_table  # noqa: E402
@@ -69,7 +70,8 @@ def timed_generate(model, ids: torch.Tensor, new: int, device: torch.device) -> 
     return time.perf_counter() - t0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[list]:
+    """Prints the conditions and the table; returns its rows."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--synth", action="append", required=True, help="shape (bench/engine.py's --synth)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -79,7 +81,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32, help="timed decode steps")
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--roofline", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import transformers
 
     device = torch.device(args.device)
@@ -121,6 +123,7 @@ def main() -> None:
         print(f"copy bandwidth {bw / 1e9:.0f} GB/s (read + write)\n")
         head += ["weights GB", "KV read GB/step", "roofline tok/s", "fraction of roofline"]
     print_table(head, rows, digits=2)
+    return rows
 
 
 if __name__ == "__main__":
