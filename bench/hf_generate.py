@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> list[list]:
                     roof = bs / ((wb + bs * args.ctx * kv_tok) / bw)
                     row += [wb / 1e9, bs * args.ctx * kv_tok / 1e9, roof, dec / roof]
                 rows.append(row)
-                print(f"{row[0]} batch {bs}: prefill {row[2]:.1f} tok/s, decode {dec:.1f} tok/s", file=sys.stderr,
-                      flush=True)
+                print(f"{row[0]} batch {bs}: prefill {row[2]:.1f} tok/s, decode {dec:.1f} tok/s",
+                      file=sys.stderr, flush=True)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -17,7 +17,8 @@ SHAPE = "llama:n_layer=2,n_embd=128,n_head=4,n_head_kv=2,head_dim=32,n_ff=256,n_
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("kvserve_bench_hf_generate", os.path.join(BENCH, "hf_generate.py"))
+    path = os.path.join(BENCH, "hf_generate.py")
+    spec = importlib.util.spec_from_file_location("kvserve_bench_hf_generate", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -42,8 +43,8 @@ def test_hf_generate_model_has_the_shape():
     hf = _load()
     spec, model = hf.build(SHAPE, torch.float32, torch.device("cpu"), 64)
     cfg = model.config
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-            cfg.intermediate_size, cfg.vocab_size) == (2, 128, 4, 2, 32, 256, 512)
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+            cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (2, 128, 4, 2, 32, 256, 512)
     assert not cfg.tie_word_embeddings and spec.n_vocab == 512
     emb = model.get_input_embeddings().weight
     assert hf.weight_bytes(model) == sum(p.numel() * 4 for p in model.parameters()) - emb.numel() * 4
