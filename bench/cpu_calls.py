@@ -77,8 +77,8 @@ def main() -> None:
         "model": os.path.basename(args.model), "context": args.ctx, "timed steps": args.steps,
         "threads": torch.get_num_threads(), "isa": native._ISA, "torch": torch.__version__,
     })
-    bargs = parse_args(["--device", "cpu", "--model", args.model, "--prefill", "16", "--batches", "1", "--ctx",
-                        str(args.ctx), "--steps", str(2 * args.steps + 8), "--weights", "quant"])
+    bargs = parse_args(["--device", "cpu", "--model", args.model, "--prefill", "16", "--batches", "1",
+                        "--ctx", str(args.ctx), "--steps", str(2 * args.steps + 8), "--weights", "quant"])
     loaded = load_gguf(args.model, dtype=DTYPES["f32"], device=torch.device("cpu"), weights="quant")
     bench = Bench(loaded, bargs)
     step = bench.decode_setup(1)
