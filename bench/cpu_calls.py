@@ -21,6 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from gguf import GGML_QUANT_SIZES  # noqa: E402
 from common import print_conditions, print_table  # noqa: E402
 from engine import Bench, parse_args  # noqa: E402
 
@@ -28,10 +29,9 @@ from kvserve.model import attn_native, ops_cpu  # noqa: E402
 from kvserve.model.loader import DTYPES, load_gguf  # noqa: E402
 from kvserve.model.quant import native  # noqa: E402
 
-# bytes a weight by ``native.FORMATS`` id (block bytes / block weights)
-BYTES_PER_WEIGHT = {0: 18 / 32, 1: 20 / 32, 2: 22 / 32, 3: 24 / 32, 4: 34 / 32, 5: 144 / 256, 6: 176 / 256,
-                    7: 210 / 256}
-FORMAT_NAMES = {v: k.name for k, v in native.FORMATS.items()}
+# bytes a weight by ``native.FORMATS`` id (the GGUF block's bytes / its weights)
+BYTES_PER_WEIGHT = {v: GGML_QUANT_SIZES[q][1] / GGML_QUANT_SIZES[q][0] for q, v in native.FORMATS.items()}
+FORMAT_NAMES = {v: q.name for q, v in native.FORMATS.items()}
 
 
 class Timed:

@@ -23,7 +23,6 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built here: nothing to look up
 
 import torch  # noqa: E402
 from common import print_conditions, print_table  # noqa: E402

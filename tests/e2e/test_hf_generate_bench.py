@@ -33,18 +33,22 @@ def test_hf_generate_rows_per_shape_and_batch(capsys):
     for shape, batch, prefill, decode, ms in rows:
         assert shape == "llama L2 d128"
         assert prefill > 0 and ms > 0 and math.isfinite(decode) and decode > 0
-        assert decode == pytest.approx(batch * 1e3 / ms)  # batch tokens a step: the prompt not counted
+        # decode is batch tokens per step of the long run beyond the short one: the prompt is not counted
+        assert decode == pytest.approx(batch * 1e3 / ms)
     assert "| llama L2 d128 | 3 " in out and "transformers" in out
 
 
-def test_hf_generate_model_has_the_shape():
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_generate_model_has_the_shape(tied):
     import torch
 
     hf = _load()
-    spec, model = hf.build(SHAPE, torch.float32, torch.device("cpu"), 64)
+    spec, model = hf.build(SHAPE.replace("tied=False", f"tied={tied}"), torch.float32, torch.device("cpu"), 64)
     cfg = model.config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
             cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (2, 128, 4, 2, 32, 256, 512)
-    assert not cfg.tie_word_embeddings and spec.n_vocab == 512
+    assert cfg.tie_word_embeddings == tied and spec.n_vocab == 512
     emb = model.get_input_embeddings().weight
-    assert hf.weight_bytes(model) == sum(p.numel() * 4 for p in model.parameters()) - emb.numel() * 4
+    every = sum(p.numel() * 4 for p in model.parameters())  # a tied table is one parameter
+    # a step reads every weight but the embedding table, unless the table is also the output head
+    assert hf.weight_bytes(model) == (every if tied else every - emb.numel() * 4)
