@@ -43,7 +43,8 @@ def test_hf_generate_model_has_the_shape(tied):
     import torch
 
     hf = _load()
-    spec, model = hf.build(SHAPE.replace("tied=False", f"tied={tied}"), torch.float32, torch.device("cpu"), 64)
+    shape = SHAPE.replace("tied=False", f"tied={tied}")
+    spec, model = hf.build(shape, torch.float32, torch.device("cpu"), 64)
     cfg = model.config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
             cfg.head_dim, cfg.intermediate_size, cfg.vocab_size) == (2, 128, 4, 2, 32, 256, 512)
